@@ -1,0 +1,119 @@
+"""Trace ingest: OTLP/JSON files read, mapped to request rows and written to the store.
+
+Bad input never stops a batch: an unreadable line or broken span becomes a `Reject` (source,
+location, message), is recorded in the store's `ingest_errors`, and everything else is kept.
+Writing is idempotent, so ingesting the same file twice leaves the same rows.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from collectors.otlp_json import read_trace_file
+from collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from pipeline.store import Store
+from pipeline.tables import INGEST_ERRORS_SCHEMA
+
+WRITE_BATCH_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class Reject:
+    source: str
+    location: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.location}: {self.message}"
+
+
+@dataclass
+class IngestReport:
+    files: int = 0
+    spans: int = 0
+    request_spans: int = 0
+    other_spans: int = 0
+    new_requests: int = 0
+    rejects: list[Reject] = field(default_factory=list)
+
+    @property
+    def duplicate_requests(self) -> int:
+        return self.request_spans - self.new_requests
+
+
+ProgressCallback = Callable[[int], None]
+
+
+def text_size(path: Path) -> int:
+    """Bytes a trace file will yield, for progress: gzip's trailer holds the raw size."""
+    size = path.stat().st_size
+    if path.suffix != ".gz" or size < 4:
+        return size
+    with path.open("rb") as raw:
+        raw.seek(-4, 2)
+        return int.from_bytes(raw.read(4), "little")
+
+
+def ingest_trace_files(
+    paths: Sequence[Path],
+    *,
+    store: Store,
+    mapping: SpanMapping | None = None,
+    now: datetime | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> IngestReport:
+    """Read every file, write new requests and rejects to `store`, and report counts."""
+    report = IngestReport()
+    recorded_ts = (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None)
+    rows = RequestRows(mapping=mapping or SpanMapping())
+    for path in paths:
+        source = str(path)
+        try:
+            chunks = read_trace_file(path)
+            for chunk in chunks:
+                for error in chunk.decoded.errors:
+                    location = f"line {chunk.line}"
+                    if error.path != "$":
+                        location += f" {error.path}"
+                    report.rejects.append(Reject(source, location, error.message))
+                for index, span in enumerate(chunk.decoded.spans):
+                    report.spans += 1
+                    if not rows.is_request(span):
+                        report.other_spans += 1
+                        continue
+                    report.request_spans += 1
+                    try:
+                        rows.add(span, source=source)
+                    except SpanMappingError as exc:
+                        location = f"line {chunk.line} span {index} ({span.span_id})"
+                        report.rejects.append(Reject(source, location, str(exc)))
+                if len(rows) >= WRITE_BATCH_ROWS:
+                    report.new_requests += store.write_requests(rows.to_frame())
+                    rows = RequestRows(mapping=rows.mapping)
+                if on_progress is not None:
+                    on_progress(chunk.size_bytes)
+        except (OSError, gzip.BadGzipFile, EOFError) as exc:
+            report.rejects.append(Reject(source, "file", f"cannot read: {exc}"))
+        report.files += 1
+    report.new_requests += store.write_requests(rows.to_frame())
+    if report.rejects:
+        store.write_ingest_errors(_rejects_frame(report.rejects, recorded_ts=recorded_ts))
+    return report
+
+
+def _rejects_frame(rejects: list[Reject], *, recorded_ts: datetime) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "source": [r.source for r in rejects],
+            "location": [r.location for r in rejects],
+            "message": [r.message for r in rejects],
+            "recorded_ts": [recorded_ts] * len(rejects),
+        },
+        schema=INGEST_ERRORS_SCHEMA,
+    ).unique(subset=["source", "location"], keep="first", maintain_order=True)

@@ -1,0 +1,1 @@
+"""Dashboards: pure Altair chart builders and offline report export."""

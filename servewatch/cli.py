@@ -1,0 +1,241 @@
+"""The `servewatch` command line: a thin layer of argument parsing over the library.
+
+Exit codes: 0 ok, 1 failure, 2 usage or bad input. Reporting commands take `--json` and then
+print exactly one JSON document on stdout; progress and messages go to stderr.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
+from pipeline.request_sli import GoodputLimits
+from pipeline.store import SchemaTooNewError, Store, StoreError
+from servewatch import __version__
+from servewatch.demo import DemoError, run_demo
+from servewatch.instants import format_instant, parse_instant
+from servewatch.render import err_console, out_console, print_json, sli_table
+from servewatch.sli_report import build_sli_report
+
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+DEFAULT_DB = Path("servewatch.duckdb")
+
+app = typer.Typer(
+    name="servewatch",
+    help="Observability, SLOs and capacity for fleets of vLLM replicas.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+ingest_app = typer.Typer(help="Read recorded telemetry files into the store.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
+
+
+class State:
+    db: Path = DEFAULT_DB
+
+
+state = State()
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"servewatch {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def main_options(
+    db: Annotated[
+        Path,
+        typer.Option(
+            "--db", help="DuckDB store file (created when missing).", envvar="SERVEWATCH_DB"
+        ),
+    ] = DEFAULT_DB,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Observability, SLOs and capacity for fleets of vLLM replicas."""
+    state.db = db
+
+
+def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def open_store() -> Store:
+    try:
+        return Store.open(state.db)
+    except SchemaTooNewError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _instant(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except ValueError as exc:
+        raise fail(f"{option}: {exc}", code=EXIT_BAD_INPUT) from exc
+
+
+def _ingest_json(report: IngestReport) -> dict[str, Any]:
+    return {
+        "files": report.files,
+        "spans": report.spans,
+        "request_spans": report.request_spans,
+        "other_spans": report.other_spans,
+        "new_requests": report.new_requests,
+        "duplicate_requests": report.duplicate_requests,
+        "rejected": len(report.rejects),
+        "rejects": [asdict(r) for r in report.rejects],
+    }
+
+
+def run_trace_ingest(store: Store, files: list[Path]) -> IngestReport:
+    """Ingest with a progress bar on stderr (hidden when stderr is not a terminal)."""
+    total = sum(text_size(f) for f in files)
+    with Progress(
+        TextColumn("ingest traces"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("ingest", total=total)
+        return ingest_trace_files(
+            files, store=store, on_progress=lambda n: progress.advance(task, n)
+        )
+
+
+@ingest_app.command("traces")
+def ingest_traces(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="OTLP/JSON trace files: JSON lines (Collector file exporter) or one "
+            "ExportTraceServiceRequest document; .gz is read transparently.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
+    as_json: JsonOption = False,
+) -> None:
+    """Ingest vLLM `llm_request` spans from OTLP/JSON files into the `requests` table.
+
+    Re-ingesting a file changes nothing. Malformed lines and spans are reported with file and
+    line, recorded in `ingest_errors`, and the rest of the file is kept.
+    """
+    with open_store() as store:
+        report = run_trace_ingest(store, files)
+    if as_json:
+        print_json(_ingest_json(report))
+    else:
+        out_console.print(
+            f"{report.files} file(s), {report.spans} spans: {report.new_requests} new requests, "
+            f"{report.duplicate_requests} already stored, "
+            f"{report.other_spans} other spans skipped, {len(report.rejects)} rejected",
+            highlight=False,
+        )
+    for reject in report.rejects:
+        err_console.print(f"[yellow]rejected[/] {reject}", highlight=False, markup=True)
+
+
+def _limit_s(value_ms: float | None, option: str) -> float | None:
+    if value_ms is None:
+        return None
+    if not value_ms > 0:
+        raise fail(f"{option} must be a positive number of milliseconds, got {value_ms}", code=2)
+    return value_ms / 1000.0
+
+
+@app.command()
+def sli(
+    from_: Annotated[
+        str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
+    ] = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")
+    ] = None,
+    ttft_ms: Annotated[
+        float | None, typer.Option("--ttft-ms", help="Goodput limit on TTFT (inclusive), ms.")
+    ] = None,
+    tpot_ms: Annotated[
+        float | None, typer.Option("--tpot-ms", help="Goodput limit on TPOT (inclusive), ms.")
+    ] = None,
+    e2e_ms: Annotated[
+        float | None, typer.Option("--e2e-ms", help="Goodput limit on e2e latency (inclusive), ms.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Request SLIs from traces: TTFT, TPOT, e2e percentiles, attainment and goodput.
+
+    Requests are selected by completion time. Goodput counts requests that succeeded and met
+    every given limit, per second of the window; without limits it is not computed.
+    """
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    if from_ts and to_ts and to_ts <= from_ts:
+        raise fail(
+            f"--to ({format_instant(to_ts)}) must be after --from ({format_instant(from_ts)})",
+            code=EXIT_BAD_INPUT,
+        )
+    limits = GoodputLimits(
+        ttft_s=_limit_s(ttft_ms, "--ttft-ms"),
+        tpot_s=_limit_s(tpot_ms, "--tpot-ms"),
+        e2e_s=_limit_s(e2e_ms, "--e2e-ms"),
+    )
+    with open_store() as store:
+        report = build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts)
+    if as_json:
+        print_json(report)
+    else:
+        out_console.print(sli_table(report))
+    if report["overall"]["requests"] == 0:
+        err_console.print(f"no requests in {state.db} for this window: ingest traces first")
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Folder for the demo's store and outputs.")] = Path(
+        "demo-out"
+    ),
+    fixture: Annotated[
+        Path | None,
+        typer.Option(help="Fixture folder to replay (default: the bundled small span fixture)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay a recorded fixture into a fresh store under OUT and print its SLIs."""
+    try:
+        result = run_demo(out=out, fixture=fixture, progress=run_trace_ingest)
+    except DemoError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    if as_json:
+        print_json(result.summary)
+        return
+    out_console.print(sli_table(result.sli))
+    out_console.print(f"store: {result.db}   SLI report: {result.sli_path}", highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

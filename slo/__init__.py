@@ -1,0 +1,1 @@
+"""SLOs: specs, error budgets, burn rates, alerts and Prometheus rule generation."""

@@ -1,0 +1,106 @@
+"""The CLI contract: help on every command, --json documents, exit codes, the demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.store import Store
+from servewatch import __version__
+from servewatch.cli import app
+from tests.conftest import FIXTURES
+
+SMALL = FIXTURES / "vllm_spans_small"
+
+
+def test_version(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"servewatch {__version__}"
+
+
+@pytest.mark.parametrize("command", [[], ["ingest"], ["ingest", "traces"], ["sli"], ["demo"]])
+def test_every_command_has_help(runner: CliRunner, command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout
+    assert len(result.stdout.splitlines()) > 5
+
+
+def test_sli_on_an_empty_store_says_so(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--db", str(tmp_path / "e.duckdb"), "sli", "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["overall"]["requests"] == 0
+    assert "ingest traces first" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "yesterday"], "--from: 'yesterday' is not a time"),
+        (["--from", "1795000600", "--to", "1795000000"], "must be after --from"),
+        (["--tpot-ms", "0"], "--tpot-ms must be a positive number"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(
+    runner: CliRunner, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, ["--db", str(tmp_path / "x.duckdb"), "sli", *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.split())
+
+
+def test_missing_trace_file_is_a_usage_error(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["--db", str(tmp_path / "x.duckdb"), "ingest", "traces", str(tmp_path / "nope")]
+    )
+    assert result.exit_code == 2
+
+
+def test_store_from_a_newer_version_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    db = tmp_path / "future.duckdb"
+    Store.open(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO schema_version VALUES (1000, 'future', now())")
+    con.close()
+    result = runner.invoke(app, ["--db", str(db), "sli"])
+    assert result.exit_code == 2
+    assert "schema version 1000" in result.stderr
+
+
+def test_ingest_json_reports_rejects(runner: CliRunner, tmp_path: Path) -> None:
+    traces = tmp_path / "t.jsonl"
+    good = (SMALL / "spans.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    traces.write_text(f"{good}\nnot json\n", encoding="utf-8")
+    result = runner.invoke(
+        app, ["--db", str(tmp_path / "x.duckdb"), "ingest", "traces", str(traces), "--json"]
+    )
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["rejected"] == 1
+    assert doc["rejects"][0]["location"] == "line 2"
+    assert doc["new_requests"] > 0
+    assert "rejected" in result.stderr
+
+
+def test_demo_replays_the_fixture_and_writes_its_outputs(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "demo-out"
+    result = runner.invoke(app, ["demo", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["ingested_requests"] == 228
+    assert summary["sli"]["overall"]["goodput_rps"] > 0
+    assert json.loads((out / "sli.json").read_text(encoding="utf-8")) == summary["sli"]
+    # A second run starts from a fresh store and says the same.
+    again = runner.invoke(app, ["demo", "--out", str(out), "--json"])
+    assert json.loads(again.stdout) == summary
+
+
+def test_demo_with_a_missing_fixture_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path), "--fixture", str(tmp_path / "no")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
