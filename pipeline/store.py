@@ -16,7 +16,15 @@ from typing import Self
 import duckdb
 import polars as pl
 
-from pipeline.tables import INGEST_ERRORS_SCHEMA, REQUESTS_SCHEMA
+from pipeline.tables import (
+    INGEST_ERRORS_SCHEMA,
+    POINTS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SCRAPES_SCHEMA,
+    SERIES_SCHEMA,
+    TARGETS_SCHEMA,
+)
 
 IN_MEMORY = ":memory:"
 
@@ -238,8 +246,128 @@ class Store:
         """Requests that finished in [from_ts, to_ts) (naive UTC), oldest first."""
         clauses, params = _window_clauses("end_ts", from_ts, to_ts)
         sql = f"SELECT {_column_list(REQUESTS_SCHEMA)} FROM requests{clauses} ORDER BY end_ts"
-        frame: pl.DataFrame = self._con.sql(sql, params=params).pl()
-        return frame.lazy()
+        return self._read(sql, params)
+
+    # -- targets, scrapes and samples ---------------------------------------------------------
+
+    def write_targets(self, frame: pl.DataFrame) -> None:
+        """Insert or update targets; first_seen_ts keeps the earliest, last_seen_ts the latest."""
+        _check_schema("targets", frame, TARGETS_SCHEMA)
+        if frame.height == 0:
+            return
+        self._con.register("incoming_targets", frame.to_arrow())
+        try:
+            self._con.execute(
+                f"""
+                INSERT INTO targets ({_column_list(TARGETS_SCHEMA)})
+                SELECT {_column_list(TARGETS_SCHEMA)} FROM incoming_targets
+                ON CONFLICT (target_id) DO UPDATE SET
+                    kind = excluded.kind, url = excluded.url, replica = excluded.replica,
+                    host = excluded.host, zone = excluded.zone, model = excluded.model,
+                    pool = excluded.pool, gpus = excluded.gpus,
+                    first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
+                    last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
+                """
+            )
+        finally:
+            self._con.unregister("incoming_targets")
+
+    def write_scrapes(self, scrapes: pl.DataFrame, samples: pl.DataFrame) -> tuple[int, int]:
+        """Record scrapes and their samples; a scrape already stored (same target and time) is
+        skipped with its samples, so replaying a recording twice changes nothing.
+
+        New (target, metric, labels) combinations get the next integer series ids. Points are
+        written ordered by series and time, which is what DuckDB compresses best.
+        Returns (new scrapes, new points).
+        """
+        _check_schema("scrapes", scrapes, SCRAPES_SCHEMA)
+        _check_schema("samples", samples, SAMPLES_SCHEMA)
+        if scrapes.height == 0:
+            return (0, 0)
+        scrapes_before, points_before = self.count("scrapes"), self.count("points")
+        self._con.register("incoming_scrapes", scrapes.to_arrow())
+        self._con.register("incoming_samples", samples.to_arrow())
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            self._con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE new_scrapes AS
+                SELECT DISTINCT ON (target_id, ts) * FROM incoming_scrapes s
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM scrapes e WHERE e.target_id = s.target_id AND e.ts = s.ts
+                )
+                """
+            )
+            self._con.execute(
+                f"INSERT INTO scrapes SELECT {_column_list(SCRAPES_SCHEMA)} FROM new_scrapes"
+            )
+            self._con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE new_samples AS
+                SELECT i.* FROM incoming_samples i
+                JOIN new_scrapes n ON i.target_id = n.target_id AND i.scrape_ts = n.ts
+                """
+            )
+            self._con.execute(
+                """
+                INSERT INTO series (series_id, target_id, signal, metric, labels)
+                SELECT (SELECT coalesce(max(series_id), 0) FROM series)
+                           + row_number() OVER (ORDER BY target_id, metric, labels),
+                       target_id, signal, metric, labels
+                FROM (
+                    SELECT target_id, metric, labels, any_value(signal) AS signal
+                    FROM new_samples n
+                    WHERE NOT EXISTS (
+                        SELECT 1 FROM series s WHERE s.target_id = n.target_id
+                        AND s.metric = n.metric AND s.labels = n.labels
+                    )
+                    GROUP BY target_id, metric, labels
+                )
+                """
+            )
+            self._con.execute(
+                """
+                INSERT INTO points (series_id, ts, value)
+                SELECT s.series_id, n.ts, n.value
+                FROM new_samples n
+                JOIN series s ON s.target_id = n.target_id AND s.metric = n.metric
+                    AND s.labels = n.labels
+                ORDER BY s.series_id, n.ts
+                """
+            )
+            self._con.execute("DROP TABLE new_samples")
+            self._con.execute("DROP TABLE new_scrapes")
+            self._con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            raise StoreError(
+                f"writing {scrapes.height} scrapes to {self.path} failed: {exc}"
+            ) from exc
+        finally:
+            self._con.unregister("incoming_scrapes")
+            self._con.unregister("incoming_samples")
+        return (self.count("scrapes") - scrapes_before, self.count("points") - points_before)
+
+    def read_targets(self) -> pl.LazyFrame:
+        return self._read(f"SELECT {_column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id")
+
+    def read_scrapes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = _window_clauses("ts", from_ts, to_ts)
+        sql = f"SELECT {_column_list(SCRAPES_SCHEMA)} FROM scrapes{clauses} ORDER BY target_id, ts"
+        return self._read(sql, params)
+
+    def read_series(self) -> pl.LazyFrame:
+        return self._read(f"SELECT {_column_list(SERIES_SCHEMA)} FROM series ORDER BY series_id")
+
+    def read_points(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        """Points in [from_ts, to_ts), ordered by series and time."""
+        clauses, params = _window_clauses("ts", from_ts, to_ts)
+        sql = f"SELECT {_column_list(POINTS_SCHEMA)} FROM points{clauses} ORDER BY series_id, ts"
+        return self._read(sql, params)
 
     # -- ingest errors ------------------------------------------------------------------------
 
@@ -249,8 +377,7 @@ class Store:
 
     def read_ingest_errors(self) -> pl.LazyFrame:
         sql = f"SELECT {_column_list(INGEST_ERRORS_SCHEMA)} FROM ingest_errors ORDER BY source"
-        frame: pl.DataFrame = self._con.sql(sql).pl()
-        return frame.lazy()
+        return self._read(sql)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -259,11 +386,12 @@ class Store:
         rows = self._con.execute(sql).fetchall()
         return int(rows[0][0])
 
+    def _read(self, sql: str, params: list[datetime] | None = None) -> pl.LazyFrame:
+        frame: pl.DataFrame = self._con.sql(sql, params=params or []).pl()
+        return frame.lazy()
+
     def _insert_new(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> int:
-        if frame.schema != schema:
-            raise StoreError(
-                f"frame for table {table} has columns {dict(frame.schema)}, expected {dict(schema)}"
-            )
+        _check_schema(table, frame, schema)
         if frame.height == 0:
             return 0
         before = self.count(table)
@@ -277,6 +405,13 @@ class Store:
         finally:
             self._con.unregister("incoming")
         return self.count(table) - before
+
+
+def _check_schema(what: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
+    if frame.schema != schema:
+        raise StoreError(
+            f"frame for {what} has columns {dict(frame.schema)}, expected {dict(schema)}"
+        )
 
 
 def _identifier(name: str) -> str:

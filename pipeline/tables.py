@@ -48,3 +48,56 @@ INGEST_ERRORS_SCHEMA = pl.Schema(
         "recorded_ts": TIMESTAMP,
     }
 )
+
+TARGETS_SCHEMA = pl.Schema(
+    {
+        "target_id": pl.String(),
+        "kind": pl.String(),
+        "url": pl.String(),
+        "replica": pl.String(),
+        "host": pl.String(),
+        "zone": pl.String(),
+        "model": pl.String(),
+        "pool": pl.String(),
+        "gpus": pl.Int32(),
+        "first_seen_ts": TIMESTAMP,
+        "last_seen_ts": TIMESTAMP,
+    }
+)
+
+SCRAPES_SCHEMA = pl.Schema(
+    {
+        "target_id": pl.String(),
+        "ts": TIMESTAMP,
+        "ok": pl.Boolean(),
+        "duration_s": pl.Float64(),
+        "samples": pl.Int32(),
+        "error": pl.String(),
+    }
+)
+
+# Not a table: the form in which scraped samples reach the store, which resolves
+# (target_id, metric, labels) to integer series ids and writes `series` and `points`.
+SAMPLES_SCHEMA = pl.Schema(
+    {
+        "target_id": pl.String(),
+        "scrape_ts": TIMESTAMP,
+        "ts": TIMESTAMP,
+        "metric": pl.String(),
+        "labels": pl.String(),
+        "signal": pl.String(),
+        "value": pl.Float64(),
+    }
+)
+
+SERIES_SCHEMA = pl.Schema(
+    {
+        "series_id": pl.Int32(),
+        "target_id": pl.String(),
+        "signal": pl.String(),
+        "metric": pl.String(),
+        "labels": pl.String(),
+    }
+)
+
+POINTS_SCHEMA = pl.Schema({"series_id": pl.Int32(), "ts": TIMESTAMP, "value": pl.Float64()})

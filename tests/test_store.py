@@ -10,7 +10,15 @@ import polars as pl
 import pytest
 
 from pipeline.store import LATEST_VERSION, MIGRATIONS, SchemaTooNewError, Store, StoreError
-from pipeline.tables import INGEST_ERRORS_SCHEMA, REQUESTS_SCHEMA
+from pipeline.tables import (
+    INGEST_ERRORS_SCHEMA,
+    POINTS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SAMPLES_SCHEMA,
+    SCRAPES_SCHEMA,
+    SERIES_SCHEMA,
+    TARGETS_SCHEMA,
+)
 
 RAW_TABLES = ("targets", "scrapes", "series", "points", "requests", "ingest_errors")
 
@@ -54,9 +62,19 @@ def test_new_store_has_raw_tables_at_latest_version(store: Store) -> None:
         assert store.count(table) == 0
 
 
-def test_schema_constants_match_tables(store: Store) -> None:
-    assert store.table_schema("requests") == REQUESTS_SCHEMA
-    assert store.table_schema("ingest_errors") == INGEST_ERRORS_SCHEMA
+@pytest.mark.parametrize(
+    ("table", "schema"),
+    [
+        ("requests", REQUESTS_SCHEMA),
+        ("ingest_errors", INGEST_ERRORS_SCHEMA),
+        ("targets", TARGETS_SCHEMA),
+        ("scrapes", SCRAPES_SCHEMA),
+        ("series", SERIES_SCHEMA),
+        ("points", POINTS_SCHEMA),
+    ],
+)
+def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Schema) -> None:
+    assert store.table_schema(table) == schema
 
 
 def test_migration_versions_are_consecutive() -> None:
@@ -118,3 +136,84 @@ def test_read_requests_window_is_half_open(store: Store) -> None:
         from_ts=datetime(2026, 1, 1, 0, 0, 0), to_ts=datetime(2026, 1, 1, 0, 0, 59)
     ).collect()
     assert selected["end_ts"].dt.second().to_list() == [0, 30]
+
+
+def scrape_batch(
+    ts_list: list[datetime], *, target: str = "t1"
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    scrapes = pl.DataFrame(
+        {
+            "target_id": [target] * len(ts_list),
+            "ts": ts_list,
+            "ok": [True] * len(ts_list),
+            "duration_s": [0.01] * len(ts_list),
+            "samples": [2] * len(ts_list),
+            "error": [None] * len(ts_list),
+        },
+        schema=SCRAPES_SCHEMA,
+    )
+    rows = [
+        (target, ts, ts, metric, '{"engine":"0"}', "sig", float(i))
+        for i, ts in enumerate(ts_list)
+        for metric in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    ]
+    samples = pl.DataFrame(rows, schema=SAMPLES_SCHEMA, orient="row")
+    return scrapes, samples
+
+
+def test_scrapes_are_written_once_and_series_get_stable_ids(store: Store) -> None:
+    t0 = datetime(2026, 11, 18, 10, 0, 0)
+    first = [t0, datetime(2026, 11, 18, 10, 0, 15)]
+    assert store.write_scrapes(*scrape_batch(first)) == (2, 4)
+    series_before = store.read_series().collect()
+    assert store.write_scrapes(*scrape_batch(first)) == (0, 0)
+    # A later batch overlapping the first adds only the new scrape's points, same series ids.
+    later = [datetime(2026, 11, 18, 10, 0, 15), datetime(2026, 11, 18, 10, 0, 30)]
+    assert store.write_scrapes(*scrape_batch(later)) == (1, 2)
+    assert store.read_series().collect().equals(series_before)
+    assert store.read_series().collect()["series_id"].to_list() == [1, 2]
+    points = store.read_points().collect()
+    assert points.height == 6
+    assert points["series_id"].is_sorted()
+
+
+def test_new_target_series_continue_the_id_sequence(store: Store) -> None:
+    t0 = datetime(2026, 11, 18, 10, 0, 0)
+    store.write_scrapes(*scrape_batch([t0], target="a"))
+    store.write_scrapes(*scrape_batch([t0], target="b"))
+    series = store.read_series().collect()
+    assert series.select("series_id", "target_id").rows() == [
+        (1, "a"),
+        (2, "a"),
+        (3, "b"),
+        (4, "b"),
+    ]
+
+
+def test_targets_upsert_keeps_the_seen_range(store: Store) -> None:
+    def target(first: datetime, last: datetime, zone: str) -> pl.DataFrame:
+        return pl.DataFrame(
+            [
+                (
+                    "t1",
+                    "vllm",
+                    "http://127.0.0.1:1/metrics",
+                    "r1",
+                    "h1",
+                    zone,
+                    None,
+                    None,
+                    1,
+                    first,
+                    last,
+                )
+            ],
+            schema=TARGETS_SCHEMA,
+            orient="row",
+        )
+
+    early, late = datetime(2026, 1, 1), datetime(2026, 1, 2)
+    store.write_targets(target(late, late, "z1"))
+    store.write_targets(target(early, early, "z2"))
+    row = store.read_targets().collect().row(0, named=True)
+    assert (row["first_seen_ts"], row["last_seen_ts"], row["zone"]) == (early, late, "z2")
