@@ -1,0 +1,157 @@
+"""Scrape targets: what to scrape and which replica, host and zone each one speaks for.
+
+Targets come inline from the config or from Prometheus `file_sd` files (JSON or YAML lists of
+`{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm or
+dcgm, required), `replica`, `host`, `zone`, `model`, `pool`, `gpus`, and Prometheus's own
+`__scheme__` and `__metrics_path__`. A file that stops parsing keeps its last good list in use,
+as Prometheus does, and the error is reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class TargetKind(Enum):
+    VLLM = "vllm"
+    DCGM = "dcgm"
+
+
+class TargetError(ValueError):
+    """A target definition is not usable; the message names the file or field."""
+
+
+@dataclass(frozen=True)
+class Target:
+    target_id: str
+    kind: TargetKind
+    url: str
+    replica: str | None = None
+    host: str | None = None
+    zone: str | None = None
+    model: str | None = None
+    pool: str | None = None
+    gpus: int | None = None
+
+
+KNOWN_LABELS = frozenset(
+    {"kind", "replica", "host", "zone", "model", "pool", "gpus", "__scheme__", "__metrics_path__"}
+)
+
+
+def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -> Target:
+    """One target from an address (`host:port` or a full URL) and its labels."""
+    kind_text = labels.get("kind")
+    try:
+        kind = TargetKind(kind_text)
+    except ValueError as exc:
+        allowed = ", ".join(k.value for k in TargetKind)
+        raise TargetError(f"{where}: label kind is {kind_text!r}; allowed: {allowed}") from exc
+    if not isinstance(address, str) or not address:
+        raise TargetError(f"{where}: target address must be a non-empty string, got {address!r}")
+    if "://" in address:
+        url = address
+    else:
+        scheme = str(labels.get("__scheme__", "http"))
+        path = str(labels.get("__metrics_path__", "/metrics"))
+        url = f"{scheme}://{address}{path if path.startswith('/') else '/' + path}"
+    gpus_value = labels.get("gpus")
+    try:
+        gpus = None if gpus_value is None else int(gpus_value)
+    except (TypeError, ValueError) as exc:
+        raise TargetError(
+            f"{where}: label gpus must be a whole number, got {gpus_value!r}"
+        ) from exc
+
+    def text(name: str) -> str | None:
+        value = labels.get(name)
+        return None if value is None or value == "" else str(value)
+
+    return Target(
+        target_id=url,
+        kind=kind,
+        url=url,
+        replica=text("replica"),
+        host=text("host"),
+        zone=text("zone"),
+        model=text("model"),
+        pool=text("pool"),
+        gpus=gpus,
+    )
+
+
+def parse_file_sd(text: str, *, source: str) -> list[Target]:
+    """Targets of one file_sd document (JSON, or YAML, which is a superset)."""
+    try:
+        doc = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise TargetError(
+            f"{source}: not valid {'JSON' if source.endswith('.json') else 'YAML'}: {exc}"
+        ) from exc
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise TargetError(f"{source}: expected a list of target groups, got {type(doc).__name__}")
+    targets: list[Target] = []
+    for g, group in enumerate(doc):
+        where = f"{source}: [{g}]"
+        if not isinstance(group, dict):
+            raise TargetError(f"{where}: expected an object with targets and labels")
+        addresses = group.get("targets")
+        labels = group.get("labels") or {}
+        if not isinstance(addresses, list):
+            raise TargetError(f"{where}.targets: expected a list of addresses")
+        if not isinstance(labels, dict):
+            raise TargetError(f"{where}.labels: expected an object")
+        targets.extend(
+            target_from_labels(address, labels, where=f"{where}.targets[{i}]")
+            for i, address in enumerate(addresses)
+        )
+    return targets
+
+
+@dataclass
+class FileSdSource:
+    """One file_sd file, re-read when it changes; the last good target list survives errors."""
+
+    path: Path
+    targets: list[Target] = field(default_factory=list)
+    error: str | None = None
+    _mtime_ns: int | None = None
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; True when the target list changed."""
+        try:
+            mtime_ns = self.path.stat().st_mtime_ns
+            if mtime_ns == self._mtime_ns:
+                return False
+            text = self.path.read_text(encoding="utf-8")
+            fresh = parse_file_sd(text, source=str(self.path))
+        except OSError as exc:
+            self.error = f"{self.path}: cannot read: {exc.strerror or exc}"
+            return False
+        except TargetError as exc:
+            self._mtime_ns = mtime_ns
+            self.error = str(exc)
+            return False
+        self._mtime_ns = mtime_ns
+        self.error = None
+        changed = fresh != self.targets
+        self.targets = fresh
+        return changed
+
+
+def merge_targets(groups: Sequence[Sequence[Target]]) -> list[Target]:
+    """All targets, first definition of each target id winning, in a stable order."""
+    seen: dict[str, Target] = {}
+    for group in groups:
+        for target in group:
+            seen.setdefault(target.target_id, target)
+    return list(seen.values())

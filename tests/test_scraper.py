@@ -1,0 +1,152 @@
+"""Scraping real local HTTP servers: a dead, slow, broken or erroring target harms no other."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+import httpx
+import pytest
+
+from collectors.scraper import ACCEPT, jittered_offset_s, scrape_targets
+from collectors.targets import Target, TargetKind
+
+PAGE = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3\n'
+NOW = datetime(2026, 11, 29, 12, 0, 0)
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def target(port: int, name: str) -> Target:
+    url = f"http://127.0.0.1:{port}/metrics"
+    return Target(target_id=name, kind=TargetKind.VLLM, url=url, replica=name)
+
+
+async def read_request(reader: asyncio.StreamReader) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    await reader.readline()
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        key, _, value = line.decode().partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return headers
+
+
+def respond(status: str, body: bytes, extra: str = "") -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+    return head.encode() + body
+
+
+def test_each_failure_is_recorded_and_the_good_target_is_unaffected() -> None:
+    seen_headers: list[dict[str, str]] = []
+    release = asyncio.Event()
+
+    async def good(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen_headers.append(await read_request(reader))
+        body = gzip.compress(PAGE.encode())
+        writer.write(
+            respond(
+                "200 OK",
+                body,
+                "Content-Type: text/plain; version=0.0.4\r\nContent-Encoding: gzip\r\n",
+            )
+        )
+        await writer.drain()
+        writer.close()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await release.wait()  # never answers within the scrape timeout
+        writer.close()
+
+    async def error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(respond("500 Internal Server Error", b"boom"))
+        await writer.drain()
+        writer.close()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(respond("200 OK", b"\xff\xfe\x00garbage"))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> list[object]:
+        servers = []
+        targets = []
+        for name, handler in (
+            ("good", good),
+            ("slow", slow),
+            ("error", error),
+            ("garbage", garbage),
+        ):
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            servers.append(server)
+            targets.append(target(server.sockets[0].getsockname()[1], name))
+        targets.append(target(free_port(), "down"))  # nothing listens there
+        try:
+            async with httpx.AsyncClient() as client:
+                return list(
+                    await scrape_targets(targets, client=client, timeout_s=0.5, now=lambda: NOW)
+                )
+        finally:
+            release.set()
+            for server in servers:
+                server.close()
+                await server.wait_closed()
+
+    results = {r.target.target_id: r for r in asyncio.run(main())}  # type: ignore[attr-defined]
+    assert results["good"].ok
+    assert results["good"].body == PAGE
+    assert results["good"].duration_s < 0.5
+    assert results["good"].started_ts == NOW
+    assert seen_headers[0]["accept"] == ACCEPT
+    assert "gzip" in seen_headers[0]["accept-encoding"]
+    assert results["slow"].error == "timed out after 0.5 s"
+    assert results["error"].error is not None
+    assert results["error"].error.startswith("HTTP 500")
+    assert results["garbage"].error == "page is not UTF-8 text (byte 0)"
+    assert results["down"].error is not None
+    assert results["down"].error.startswith("ConnectError")
+
+
+def test_openmetrics_content_type_is_noted() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            text="# EOF\n",
+            headers={"content-type": "application/openmetrics-text; version=1.0.0"},
+        )
+
+    async def main() -> bool:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            (result,) = await scrape_targets([target(1, "om")], client=client, timeout_s=1)
+        return result.openmetrics
+
+    assert asyncio.run(main())
+
+
+def test_jitter_is_stable_per_target_and_within_the_interval() -> None:
+    offsets = [jittered_offset_s(target(9000 + i, f"r{i}"), interval_s=15) for i in range(50)]
+    assert all(0 <= o <= 15 for o in offsets)
+    assert len(set(offsets)) == 50
+    assert offsets[0] == jittered_offset_s(target(9000, "r0"), interval_s=15)
+
+
+@pytest.mark.parametrize("status", [404, 503])
+def test_http_error_statuses(status: int) -> None:
+    async def main() -> str | None:
+        transport = httpx.MockTransport(lambda _: httpx.Response(status))
+        async with httpx.AsyncClient(transport=transport) as client:
+            (result,) = await scrape_targets([target(1, "x")], client=client, timeout_s=1)
+        return result.error
+
+    assert asyncio.run(main()) == f"HTTP {status} from http://127.0.0.1:1/metrics"

@@ -1,0 +1,118 @@
+"""Targets: file_sd parsing (JSON and YAML), label handling, bad input, last-good-list reloads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collectors.targets import (
+    FileSdSource,
+    Target,
+    TargetError,
+    TargetKind,
+    merge_targets,
+    parse_file_sd,
+)
+
+GROUPS = [
+    {
+        "targets": ["10.0.0.1:8000", "10.0.0.2:8000"],
+        "labels": {"kind": "vllm", "host": "h1", "zone": "z1", "pool": "chat", "gpus": "2"},
+    },
+    {"targets": ["https://h1:9400/m"], "labels": {"kind": "dcgm", "host": "h1"}},
+]
+
+
+def test_json_and_yaml_file_sd_give_the_same_targets() -> None:
+    from_json = parse_file_sd(json.dumps(GROUPS), source="t.json")
+    from_yaml = parse_file_sd(yaml.safe_dump(GROUPS), source="t.yml")
+    assert from_json == from_yaml
+    first = from_json[0]
+    assert first == Target(
+        target_id="http://10.0.0.1:8000/metrics",
+        kind=TargetKind.VLLM,
+        url="http://10.0.0.1:8000/metrics",
+        host="h1",
+        zone="z1",
+        pool="chat",
+        gpus=2,
+    )
+    assert from_json[2].url == "https://h1:9400/m"
+    assert from_json[2].zone is None  # missing zone is allowed
+
+
+def test_scheme_and_metrics_path_labels() -> None:
+    doc = [
+        {
+            "targets": ["a:1"],
+            "labels": {"kind": "vllm", "__scheme__": "https", "__metrics_path__": "x"},
+        }
+    ]
+    assert parse_file_sd(json.dumps(doc), source="t.json")[0].url == "https://a:1/x"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "t.json: not valid JSON"),
+        ('{"targets": []}', "expected a list of target groups"),
+        (
+            '[{"targets": "a:1", "labels": {"kind": "vllm"}}]',
+            "t.json: [0].targets: expected a list",
+        ),
+        (
+            '[{"targets": ["a:1"], "labels": {"kind": "tgi"}}]',
+            "label kind is 'tgi'; allowed: vllm, dcgm",
+        ),
+        ('[{"targets": ["a:1"]}]', "label kind is None"),
+        (
+            '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "two"}}]',
+            "gpus must be a whole",
+        ),
+        ('[{"targets": [""], "labels": {"kind": "vllm"}}]', "[0].targets[0]: target address"),
+    ],
+)
+def test_bad_file_sd_names_the_file_and_field(text: str, message: str) -> None:
+    with pytest.raises(TargetError) as caught:
+        parse_file_sd(text, source="t.json")
+    assert message in str(caught.value)
+
+
+def test_a_file_that_stops_parsing_keeps_the_last_good_list(tmp_path: Path) -> None:
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps(GROUPS), encoding="utf-8")
+    source = FileSdSource(path)
+    assert source.refresh() is True
+    assert len(source.targets) == 3
+    assert source.refresh() is False  # unchanged file: not re-read
+
+    path.write_text("[{broken", encoding="utf-8")
+    os.utime(path, ns=(1, 1))  # a different mtime, whatever the filesystem's resolution
+    assert source.refresh() is False
+    assert source.error is not None
+    assert "not valid JSON" in source.error
+    assert len(source.targets) == 3
+
+    path.write_text(json.dumps(GROUPS[:1]), encoding="utf-8")
+    os.utime(path, ns=(2, 2))
+    assert source.refresh() is True
+    assert source.error is None
+    assert len(source.targets) == 2
+
+
+def test_missing_file_is_reported(tmp_path: Path) -> None:
+    source = FileSdSource(tmp_path / "nope.json")
+    assert source.refresh() is False
+    assert source.error is not None
+    assert "cannot read" in source.error
+
+
+def test_merge_keeps_the_first_definition() -> None:
+    a = parse_file_sd(json.dumps(GROUPS), source="a.json")
+    b = parse_file_sd(json.dumps(GROUPS[:1]), source="b.json")
+    merged = merge_targets([a, b])
+    assert merged == a
