@@ -103,11 +103,14 @@ def ingest_trace_files(
         report.files += 1
     report.new_requests += store.write_requests(rows.to_frame())
     if report.rejects:
-        store.write_ingest_errors(_rejects_frame(report.rejects, recorded_ts=recorded_ts))
+        store.write_ingest_errors(rejects_frame(report.rejects, recorded_ts=recorded_ts))
     return report
 
 
-def _rejects_frame(rejects: list[Reject], *, recorded_ts: datetime) -> pl.DataFrame:
+def rejects_frame(rejects: list[Reject], *, recorded_ts: datetime) -> pl.DataFrame:
+    """Rejects as rows of `ingest_errors` (naive UTC time; one row per source and location)."""
+    if recorded_ts.tzinfo is not None:
+        recorded_ts = recorded_ts.astimezone(UTC).replace(tzinfo=None)
     return pl.DataFrame(
         {
             "source": [r.source for r in rejects],

@@ -1,0 +1,182 @@
+"""The OTLP/HTTP receiver: status codes and partial success by table, then real SDK exports."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from collectors.otlp_receiver import ExportOutcome, OtlpHttpReceiver, ReceiverConfig, handle_export
+from collectors.store_writer import StoreWriter
+from emulator.otlp_jsonl import spans_to_otlp_json
+from emulator.request_span import RequestTiming, record_request_span
+from pipeline.store import Store
+
+NOW = datetime(2026, 11, 29, 12, 0, 0)
+TOKEN = "s3cret"
+
+
+def make_spans(n: int, *, replica: str = "vllm-7", broken: int = 0) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(
+        resource=Resource({"service.name": "vllm", "servewatch.replica": replica})
+    )
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("vllm")
+    for i in range(n):
+        timing = RequestTiming(
+            request_id=f"cmpl-{i}",
+            arrival_s=1_795_000_000.0 + i,
+            queue_s=0.01,
+            prefill_s=0.1,
+            decode_s=0.5,
+            prompt_tokens=100,
+            completion_tokens=11,
+        )
+        record_request_span(tracer, timing)
+    for i in range(broken):  # request spans without the latencies a request row needs
+        tracer.start_span("llm_request", start_time=1_795_000_000 * 10**9 + i).end()
+    return list(memory.get_finished_spans())
+
+
+def protobuf_body(spans: list[ReadableSpan]) -> bytes:
+    return encode_spans(spans).SerializeToString()
+
+
+def export(body: bytes, **overrides: str | None) -> ExportOutcome:
+    headers: dict[str, str | None] = {
+        "content_type": "application/x-protobuf",
+        "content_encoding": "",
+        "authorization": None,
+    } | overrides
+    return handle_export(
+        body,
+        content_type=headers["content_type"] or "",
+        content_encoding=headers["content_encoding"] or "",
+        authorization=headers["authorization"],
+        config=ReceiverConfig(max_body_bytes=200_000),
+        received_ts=NOW,
+    )
+
+
+BODY = protobuf_body(make_spans(3))
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "message"),
+    [
+        (b"\xff\xff\xff", {}, 400, "not a protobuf ExportTraceServiceRequest"),
+        (BODY, {"content_encoding": "gzip"}, 400, "not valid gzip"),
+        (b"{nope", {"content_type": "application/json"}, 400, "not valid JSON"),
+        (b"[1, 2]", {"content_type": "application/json"}, 400, "expected a JSON object"),
+        (BODY, {"content_type": "text/plain"}, 415, "content type 'text/plain'"),
+        (BODY, {"content_encoding": "br"}, 415, "content encoding 'br'"),
+        (b"x" * 200_001, {}, 413, "exceeds the limit"),
+        (gzip.compress(b"\0" * 300_000), {"content_encoding": "gzip"}, 413, "decompressed"),
+    ],
+)
+def test_refused_requests(body: bytes, headers: dict[str, str], status: int, message: str) -> None:
+    outcome = export(body, **headers)
+    assert outcome.status == status
+    assert message in json.loads(outcome.body)["message"]
+    assert outcome.rows is None
+
+
+def test_bearer_token() -> None:
+    config = ReceiverConfig(bearer_token=TOKEN)
+    for auth in (None, "Bearer wrong", TOKEN):
+        refused = handle_export(
+            BODY,
+            content_type="application/x-protobuf",
+            content_encoding="",
+            authorization=auth,
+            config=config,
+        )
+        assert refused.status == 401
+    accepted = handle_export(
+        BODY,
+        content_type="application/x-protobuf",
+        content_encoding="",
+        authorization=f"Bearer {TOKEN}",
+        config=config,
+    )
+    assert accepted.status == 200
+
+
+def test_partial_success_reports_broken_spans_and_keeps_the_rest() -> None:
+    outcome = export(gzip.compress(protobuf_body(make_spans(4, broken=2))), content_encoding="gzip")
+    assert outcome.status == 200
+    response = ExportTraceServiceResponse.FromString(outcome.body)
+    assert response.partial_success.rejected_spans == 2
+    assert "missing attribute gen_ai.latency.time_to_first_token" in (
+        response.partial_success.error_message
+    )
+    assert outcome.rows is not None
+    assert outcome.rows.height == 4
+
+
+def test_json_bodies_get_json_answers() -> None:
+    body = spans_to_otlp_json(make_spans(2, broken=1)).encode()
+    outcome = export(body, content_type="application/json")
+    assert outcome.status == 200
+    assert json.loads(outcome.body)["partialSuccess"]["rejectedSpans"] == "1"
+    assert outcome.rows is not None
+    assert outcome.rows.height == 2
+
+
+@pytest.fixture
+def receiver_and_store() -> Iterator[tuple[OtlpHttpReceiver, StoreWriter, Store]]:
+    with Store.open(":memory:") as store, StoreWriter(store) as writer:
+        receiver = OtlpHttpReceiver(ReceiverConfig(port=0, bearer_token=TOKEN), writer)
+        receiver.start()
+        try:
+            yield receiver, writer, store
+        finally:
+            receiver.stop()
+
+
+def test_real_sdk_exporter_over_http_with_gzip_and_dedup(
+    receiver_and_store: tuple[OtlpHttpReceiver, StoreWriter, Store],
+) -> None:
+    receiver, writer, store = receiver_and_store
+    assert receiver.endpoint.startswith("http://127.0.0.1:")
+    exporter = OTLPSpanExporter(
+        endpoint=receiver.endpoint,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        compression=Compression.Gzip,
+        timeout=10,
+    )
+    spans = make_spans(50)
+    assert exporter.export(spans) == SpanExportResult.SUCCESS
+    assert exporter.export(spans) == SpanExportResult.SUCCESS  # a retry: deduplicated
+    writer.flush()
+    rows = store.read_requests().collect()
+    assert rows.height == 50
+    assert set(rows["replica"]) == {"vllm-7"}
+    assert rows["tpot_s" if "tpot_s" in rows.columns else "decode_s"].to_list()[0] == pytest.approx(
+        0.5
+    )
+    assert writer.counters.failed_tasks == 0
+    exporter.shutdown()
+
+
+def test_wrong_token_is_refused_over_http(
+    receiver_and_store: tuple[OtlpHttpReceiver, StoreWriter, Store],
+) -> None:
+    receiver, writer, store = receiver_and_store
+    exporter = OTLPSpanExporter(endpoint=receiver.endpoint, timeout=5)
+    assert exporter.export(make_spans(1)) == SpanExportResult.FAILURE
+    writer.flush()
+    assert store.count("requests") == 0
+    exporter.shutdown()
