@@ -1,0 +1,223 @@
+"""`servewatch.toml`: the one configuration file, loaded into typed, validated settings.
+
+Every validation error names the file and the dotted path of the bad field, what was found and
+what is allowed. Unknown keys are errors too: a misspelt option silently ignored is worse.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collectors.otlp_receiver import ReceiverConfig
+from collectors.request_spans import SpanMapping
+from collectors.targets import Target, TargetError, target_from_labels
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class ScrapeSettings:
+    interval_s: float = 15.0
+    timeout_s: float = 10.0
+    keep_uncatalogued: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path | None
+    store_path: Path = Path("servewatch.duckdb")
+    scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
+    targets: tuple[Target, ...] = ()
+    file_sd: tuple[Path, ...] = ()
+    otlp: ReceiverConfig = field(default_factory=ReceiverConfig)
+
+
+class _Section:
+    """A TOML table being read, remembering its path for error messages."""
+
+    def __init__(self, data: Mapping[str, Any], path: str, where: str) -> None:
+        self.data = data
+        self.path = path
+        self.where = where
+        self.read: set[str] = set()
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {self._name(key)}: {message}")
+
+    def get(self, key: str) -> Any:
+        self.read.add(key)
+        return self.data.get(key)
+
+    def number(self, key: str, default: float, *, positive: bool = True) -> float:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key, f"must be a number, got {value!r}")
+        if positive and not value > 0:
+            raise self.fail(key, f"must be a positive number, got {value!r}")
+        return float(value)
+
+    def integer(self, key: str, default: int) -> int:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(key, f"must be a positive whole number, got {value!r}")
+        return value
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...] | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
+        return tuple(value)
+
+    def table(self, key: str) -> _Section:
+        value = self.get(key)
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table, got {type(value).__name__}")
+        return _Section(value, self._name(key), self.where)
+
+    def tables(self, key: str) -> list[_Section]:
+        value = self.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise self.fail(key, "must be an array of tables ([[...]])")
+        return [_Section(v, f"{self._name(key)}[{i}]", self.where) for i, v in enumerate(value)]
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.read)
+        if unknown:
+            allowed = ", ".join(sorted(self.read))
+            raise self.fail(unknown[0], f"unknown setting; allowed here: {allowed}")
+
+
+def _relative(base: Path | None, value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() or base is None else base.parent / path
+
+
+def _listen(section: _Section, default: ReceiverConfig) -> tuple[str, int]:
+    text = section.text("listen")
+    if text is None:
+        return default.host, default.port
+    host, _, port_text = text.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise section.fail("listen", f"must be HOST:PORT such as 127.0.0.1:4318, got {text!r}")
+    return host, int(port_text)
+
+
+def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
+    where = str(source) if source else "configuration"
+    root = _Section(data, "", where)
+
+    store = root.table("store")
+    store_path = _relative(source, store.text("path") or "servewatch.duckdb")
+    store.done()
+
+    scrape_section = root.table("scrape")
+    scrape = ScrapeSettings(
+        interval_s=scrape_section.number("interval_s", 15.0),
+        timeout_s=scrape_section.number("timeout_s", 10.0),
+        keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=False),
+    )
+    scrape_section.done()
+    if scrape.timeout_s > scrape.interval_s:
+        raise scrape_section.fail("timeout_s", "must not exceed scrape.interval_s")
+
+    targets: list[Target] = []
+    for section in root.tables("targets"):
+        labels = {
+            k: section.get(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
+        }
+        url = section.text("url")
+        if url is None:
+            raise section.fail("url", "is required (the target's /metrics URL)")
+        section.done()
+        try:
+            targets.append(target_from_labels(url, labels, where=f"{where}: {section.path}"))
+        except TargetError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    file_sd = []
+    for section in root.tables("file_sd"):
+        path = section.text("path")
+        if path is None:
+            raise section.fail("path", "is required (a Prometheus file_sd JSON or YAML file)")
+        file_sd.append(_relative(source, path))
+        section.done()
+
+    otlp_section = root.table("otlp")
+    defaults = ReceiverConfig()
+    host, port = _listen(otlp_section, defaults)
+    mapping_section = otlp_section.table("mapping")
+    mapping_defaults = SpanMapping()
+    mapping = SpanMapping(
+        span_name=mapping_section.text("span_name") or mapping_defaults.span_name,
+        replica_keys=mapping_section.strings("replica_keys") or mapping_defaults.replica_keys,
+        host_keys=mapping_section.strings("host_keys") or mapping_defaults.host_keys,
+        zone_keys=mapping_section.strings("zone_keys") or mapping_defaults.zone_keys,
+        model_keys=mapping_section.strings("model_keys") or mapping_defaults.model_keys,
+        pool_keys=mapping_section.strings("pool_keys") or mapping_defaults.pool_keys,
+        tenant_keys=mapping_section.strings("tenant_keys") or mapping_defaults.tenant_keys,
+    )
+    mapping_section.done()
+    otlp = ReceiverConfig(
+        host=host,
+        port=port,
+        max_body_bytes=otlp_section.integer("max_body_bytes", defaults.max_body_bytes),
+        bearer_token=otlp_section.text("bearer_token"),
+        mapping=mapping,
+    )
+    otlp_section.done()
+    root.done()
+    return Config(
+        source=source,
+        store_path=store_path,
+        scrape=scrape,
+        targets=tuple(targets),
+        file_sd=tuple(file_sd),
+        otlp=otlp,
+    )
+
+
+def load_config(path: Path) -> Config:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_config(data, source=path)

@@ -1,0 +1,104 @@
+"""servewatch.toml: a full example loads; every bad field is named by its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collectors.targets import TargetKind
+from servewatch.config import ConfigError, load_config, parse_config
+
+EXAMPLE = """
+[store]
+path = "data/fleet.duckdb"
+
+[scrape]
+interval_s = 30
+timeout_s = 5
+
+[[targets]]
+kind = "vllm"
+url = "http://127.0.0.1:8000/metrics"
+replica = "vllm-0"
+host = "host-a"
+zone = "zone-1"
+gpus = 2
+
+[[file_sd]]
+path = "targets/dcgm.json"
+
+[otlp]
+listen = "127.0.0.1:14318"
+bearer_token = "t0k"
+
+[otlp.mapping]
+replica_keys = ["k8s.pod.name"]
+"""
+
+
+def test_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "servewatch.toml"
+    path.write_text(EXAMPLE, encoding="utf-8")
+    config = load_config(path)
+    assert config.store_path == tmp_path / "data" / "fleet.duckdb"
+    assert config.scrape.interval_s == 30
+    (target,) = config.targets
+    assert (target.kind, target.replica, target.gpus) == (TargetKind.VLLM, "vllm-0", 2)
+    assert config.file_sd == (tmp_path / "targets" / "dcgm.json",)
+    assert (config.otlp.host, config.otlp.port, config.otlp.bearer_token) == (
+        "127.0.0.1",
+        14318,
+        "t0k",
+    )
+    assert config.otlp.mapping.replica_keys == ("k8s.pod.name",)
+    assert config.otlp.mapping.host_keys  # defaults kept where not given
+
+
+def test_empty_config_gives_defaults() -> None:
+    config = parse_config({}, source=None)
+    assert config.scrape.interval_s == 15
+    assert config.targets == ()
+    assert config.otlp.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"scrape": {"interval_s": -1}}, "scrape.interval_s: must be a positive number, got -1"),
+        ({"scrape": {"interval_s": "15s"}}, "scrape.interval_s: must be a number, got '15s'"),
+        ({"scrape": {"interval_s": 5, "timeout_s": 10}}, "scrape.timeout_s: must not exceed"),
+        ({"scrape": {"intervl_s": 5}}, "scrape.intervl_s: unknown setting; allowed here:"),
+        ({"store": "x.duckdb"}, "store: must be a table"),
+        ({"targets": [{"kind": "vllm"}]}, "targets[0].url: is required"),
+        (
+            {"targets": [{"kind": "tgi", "url": "http://a/metrics"}]},
+            "targets[0]: label kind is 'tgi'",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "u", "colour": "red"}]},
+            "targets[0].colour: unknown",
+        ),
+        ({"otlp": {"listen": "4318"}}, "otlp.listen: must be HOST:PORT"),
+        (
+            {"otlp": {"mapping": {"replica_keys": "pod"}}},
+            "otlp.mapping.replica_keys: must be a list",
+        ),
+        ({"file_sd": [{}]}, "file_sd[0].path: is required"),
+        ({"sloz": {}}, "sloz: unknown setting"),
+    ],
+)
+def test_bad_fields_are_named_by_path(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source=Path("servewatch.toml"))
+    assert str(caught.value).startswith("servewatch.toml: ")
+    assert message in str(caught.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[store\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
