@@ -125,6 +125,7 @@ _ROW_COLUMNS = (
     "source",
     "arrival_ts",
     "end_ts",
+    "ingested_ts",
 )
 assert sorted(_ROW_COLUMNS) == sorted(REQUESTS_SCHEMA.names()), "request row layout drifted"
 
@@ -197,6 +198,7 @@ class RequestRows:
                 source,
                 span.start_unix_ns,
                 span.end_unix_ns,
+                None,  # ingested_ts: stamped by the store
             )
         )
 

@@ -7,6 +7,7 @@ Writes are idempotent: re-writing a row that is already there changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,14 +20,23 @@ import polars as pl
 from pipeline.tables import (
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,
+    REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
     SAMPLES_SCHEMA,
     SCRAPES_SCHEMA,
     SERIES_SCHEMA,
+    SLO_MINUTES_SCHEMA,
     TARGETS_SCHEMA,
 )
 
 IN_MEMORY = ":memory:"
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """Naive UTC now: the store's time convention."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class StoreError(Exception):
@@ -135,6 +145,47 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
 )
 
+MIGRATIONS += (
+    Migration(
+        version=2,
+        description="rollup layer: request_minutes, slo_minutes, rollup_watermarks; "
+        "requests.ingested_ts for incremental rollups",
+        statements=(
+            "ALTER TABLE requests ADD COLUMN ingested_ts TIMESTAMP",
+            """
+            CREATE TABLE request_minutes (
+                replica           VARCHAR,
+                minute_ts         TIMESTAMP NOT NULL,
+                requests          BIGINT NOT NULL,
+                failed_requests   BIGINT NOT NULL,
+                prompt_tokens     BIGINT,
+                completion_tokens BIGINT,
+                ttft_p50_s DOUBLE, ttft_p95_s DOUBLE, ttft_p99_s DOUBLE,
+                tpot_p50_s DOUBLE, tpot_p95_s DOUBLE, tpot_p99_s DOUBLE,
+                e2e_p50_s  DOUBLE, e2e_p95_s  DOUBLE, e2e_p99_s  DOUBLE
+            )
+            """,
+            """
+            CREATE TABLE slo_minutes (
+                minute_ts TIMESTAMP NOT NULL,
+                slo       VARCHAR NOT NULL,
+                replica   VARCHAR,
+                good      BIGINT NOT NULL,
+                total     BIGINT NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE rollup_watermarks (
+                source       VARCHAR PRIMARY KEY,
+                watermark_ts TIMESTAMP,
+                fingerprint  VARCHAR NOT NULL,
+                updated_ts   TIMESTAMP NOT NULL
+            )
+            """,
+        ),
+    ),
+)
+
 LATEST_VERSION = MIGRATIONS[-1].version
 
 
@@ -145,12 +196,13 @@ def _column_list(schema: pl.Schema) -> str:
 class Store:
     """An open store file. Use as a context manager, or call `close()`."""
 
-    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str) -> None:
+    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:
         self._con = connection
         self.path = path
+        self._clock = clock
 
     @classmethod
-    def open(cls, path: Path | str, *, now: datetime | None = None) -> Self:
+    def open(cls, path: Path | str, *, clock: Clock = utc_now) -> Self:
         """Open (creating if needed) the store at `path` and migrate it to the latest schema."""
         location = str(path)
         if location != IN_MEMORY:
@@ -159,9 +211,9 @@ class Store:
             connection = duckdb.connect(location)
         except duckdb.Error as exc:
             raise StoreError(f"cannot open store {location}: {exc}") from exc
-        store = cls(connection, location)
+        store = cls(connection, location, clock)
         try:
-            store._migrate(now=now or datetime.now(UTC))
+            store._migrate(now=clock())
         except BaseException:
             connection.close()
             raise
@@ -180,6 +232,10 @@ class Store:
 
     def close(self) -> None:
         self._con.close()
+
+    def now(self) -> datetime:
+        """The store's clock (naive UTC), injected at open for tests."""
+        return self._clock()
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -203,7 +259,7 @@ class Store:
                 f"store {self.path} has schema version {current}, but this servewatch knows "
                 f"versions up to {LATEST_VERSION}: upgrade servewatch, or pass another --db"
             )
-        applied_ts = now.astimezone(UTC).replace(tzinfo=None)
+        applied_ts = now.astimezone(UTC).replace(tzinfo=None) if now.tzinfo else now
         for migration in MIGRATIONS:
             if migration.version <= current:
                 continue
@@ -236,9 +292,14 @@ class Store:
     def write_requests(self, frame: pl.DataFrame) -> int:
         """Insert request rows, ignoring ones already stored (same trace and span id).
 
-        Returns how many rows were new.
+        Rows are stamped with `ingested_ts` (now) unless they carry one; rollups use it to find
+        what arrived since they last ran. Returns how many rows were new.
         """
-        return self._insert_new("requests", frame, REQUESTS_SCHEMA)
+        _check_schema("requests", frame, REQUESTS_SCHEMA)
+        stamped = frame.with_columns(
+            pl.col("ingested_ts").fill_null(pl.lit(self._clock(), dtype=pl.Datetime("us")))
+        )
+        return self._insert_new("requests", stamped, REQUESTS_SCHEMA)
 
     def read_requests(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
@@ -368,6 +429,109 @@ class Store:
         clauses, params = _window_clauses("ts", from_ts, to_ts)
         sql = f"SELECT {_column_list(POINTS_SCHEMA)} FROM points{clauses} ORDER BY series_id, ts"
         return self._read(sql, params)
+
+    # -- rollups ------------------------------------------------------------------------------
+
+    def watermark(self, source: str) -> tuple[datetime | None, str | None]:
+        """(watermark_ts, fingerprint) of a rollup source; (None, None) before its first run."""
+        rows = self._con.execute(
+            "SELECT watermark_ts, fingerprint FROM rollup_watermarks WHERE source = ?", [source]
+        ).fetchall()
+        return (rows[0][0], rows[0][1]) if rows else (None, None)
+
+    def minutes_ingested_since(self, since_ts: datetime | None) -> list[datetime]:
+        """Minutes (of completion) touched by requests ingested at or after `since_ts` (all
+        minutes when None)."""
+        clause, params = ("WHERE ingested_ts >= ?", [since_ts]) if since_ts else ("", [])
+        rows = self._con.execute(
+            f"SELECT DISTINCT date_trunc('minute', end_ts) AS m FROM requests {clause} ORDER BY m",
+            params,
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def read_requests_in_minutes(self, minutes: Sequence[datetime]) -> pl.LazyFrame:
+        """All requests that finished in any of the given minutes."""
+        wanted = pl.DataFrame({"m": list(minutes)}, schema={"m": pl.Datetime("us")})
+        self._con.register("wanted_minutes", wanted.to_arrow())
+        try:
+            return self._read(
+                f"SELECT {_column_list(REQUESTS_SCHEMA)} FROM requests "
+                "WHERE date_trunc('minute', end_ts) IN (SELECT m FROM wanted_minutes) "
+                "ORDER BY end_ts"
+            )
+        finally:
+            self._con.unregister("wanted_minutes")
+
+    def replace_request_rollups(
+        self,
+        *,
+        minutes: Sequence[datetime],
+        request_minutes: pl.DataFrame,
+        slo_minutes: pl.DataFrame,
+        watermark_ts: datetime | None,
+        fingerprint: str,
+        full: bool = False,
+    ) -> None:
+        """Swap in recomputed rollups for `minutes` (all minutes when `full`) and move the
+        watermark, in one transaction, so a crash leaves either the old or the new state."""
+        _check_schema("request_minutes", request_minutes, REQUEST_MINUTES_SCHEMA)
+        _check_schema("slo_minutes", slo_minutes, SLO_MINUTES_SCHEMA)
+        wanted = pl.DataFrame({"m": list(minutes)}, schema={"m": pl.Datetime("us")})
+        self._con.register("wanted_minutes", wanted.to_arrow())
+        self._con.register("new_request_minutes", request_minutes.to_arrow())
+        self._con.register("new_slo_minutes", slo_minutes.to_arrow())
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            for table in ("request_minutes", "slo_minutes"):
+                if full:
+                    self._con.execute(f"DELETE FROM {table}")
+                else:
+                    self._con.execute(
+                        f"DELETE FROM {table} WHERE minute_ts IN (SELECT m FROM wanted_minutes)"
+                    )
+            self._con.execute(
+                f"INSERT INTO request_minutes ({_column_list(REQUEST_MINUTES_SCHEMA)}) "
+                f"SELECT {_column_list(REQUEST_MINUTES_SCHEMA)} FROM new_request_minutes"
+            )
+            self._con.execute(
+                f"INSERT INTO slo_minutes ({_column_list(SLO_MINUTES_SCHEMA)}) "
+                f"SELECT {_column_list(SLO_MINUTES_SCHEMA)} FROM new_slo_minutes"
+            )
+            self._con.execute(
+                """
+                INSERT INTO rollup_watermarks VALUES ('requests', ?, ?, ?)
+                ON CONFLICT (source) DO UPDATE SET watermark_ts = excluded.watermark_ts,
+                    fingerprint = excluded.fingerprint, updated_ts = excluded.updated_ts
+                """,
+                [watermark_ts, fingerprint, self._clock()],
+            )
+            self._con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            raise StoreError(f"replacing request rollups in {self.path} failed: {exc}") from exc
+        finally:
+            for name in ("wanted_minutes", "new_request_minutes", "new_slo_minutes"):
+                self._con.unregister(name)
+
+    def read_request_minutes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = _window_clauses("minute_ts", from_ts, to_ts)
+        return self._read(
+            f"SELECT {_column_list(REQUEST_MINUTES_SCHEMA)} FROM request_minutes{clauses} "
+            "ORDER BY minute_ts, replica",
+            params,
+        )
+
+    def read_slo_minutes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = _window_clauses("minute_ts", from_ts, to_ts)
+        return self._read(
+            f"SELECT {_column_list(SLO_MINUTES_SCHEMA)} FROM slo_minutes{clauses} "
+            "ORDER BY slo, minute_ts, replica",
+            params,
+        )
 
     # -- ingest errors ------------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ REQUESTS_SCHEMA = pl.Schema(
         "max_tokens": pl.Int64(),
         "emulated": pl.Boolean(),
         "source": pl.String(),
+        # Set by the store when the row is written; collectors leave it null.
+        "ingested_ts": TIMESTAMP,
     }
 )
 
@@ -101,3 +103,27 @@ SERIES_SCHEMA = pl.Schema(
 )
 
 POINTS_SCHEMA = pl.Schema({"series_id": pl.Int32(), "ts": TIMESTAMP, "value": pl.Float64()})
+
+REQUEST_MINUTES_SCHEMA = pl.Schema(
+    {
+        "replica": pl.String(),
+        "minute_ts": TIMESTAMP,
+        "requests": pl.Int64(),
+        "failed_requests": pl.Int64(),
+        "prompt_tokens": pl.Int64(),
+        "completion_tokens": pl.Int64(),
+        **{
+            f"{stem}_p{p}_s": pl.Float64() for stem in ("ttft", "tpot", "e2e") for p in (50, 95, 99)
+        },
+    }
+)
+
+SLO_MINUTES_SCHEMA = pl.Schema(
+    {
+        "minute_ts": TIMESTAMP,
+        "slo": pl.String(),
+        "replica": pl.String(),
+        "good": pl.Int64(),
+        "total": pl.Int64(),
+    }
+)

@@ -13,10 +13,12 @@ from pipeline.store import LATEST_VERSION, MIGRATIONS, SchemaTooNewError, Store,
 from pipeline.tables import (
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,
+    REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
     SAMPLES_SCHEMA,
     SCRAPES_SCHEMA,
     SERIES_SCHEMA,
+    SLO_MINUTES_SCHEMA,
     TARGETS_SCHEMA,
 )
 
@@ -51,6 +53,7 @@ def request_rows(n: int, *, offset: int = 0) -> pl.DataFrame:
             "max_tokens": [None] * n,
             "emulated": [True] * n,
             "source": ["test"] * n,
+            "ingested_ts": [None] * n,
         },
         schema=REQUESTS_SCHEMA,
     )
@@ -71,6 +74,8 @@ def test_new_store_has_raw_tables_at_latest_version(store: Store) -> None:
         ("scrapes", SCRAPES_SCHEMA),
         ("series", SERIES_SCHEMA),
         ("points", POINTS_SCHEMA),
+        ("request_minutes", REQUEST_MINUTES_SCHEMA),
+        ("slo_minutes", SLO_MINUTES_SCHEMA),
     ],
 )
 def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Schema) -> None:

@@ -1,0 +1,99 @@
+"""Minute rollups of traced requests: additive counts per replica and minute.
+
+Counts (requests, failures, tokens, good events) are additive, so any window is a sum of its
+minutes and a rate over it is exact rather than an average of ratios. The per-minute latency
+percentiles are descriptive only (percentiles do not add); windowed percentiles come from the
+raw requests. A request belongs to the minute in which it finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from pipeline.request_sli import with_tpot
+
+
+@dataclass(frozen=True)
+class EventCriterion:
+    """What makes a request a good event for one SLO: it succeeded and met every given limit.
+
+    With no latency limit this is availability. Limits are inclusive, and a single-token output
+    meets any TPOT limit (as `vllm bench serve --goodput` counts it).
+    """
+
+    name: str
+    ttft_limit_s: float | None = None
+    tpot_limit_s: float | None = None
+    e2e_limit_s: float | None = None
+
+    def good(self) -> pl.Expr:
+        condition = pl.col("ok")
+        if self.ttft_limit_s is not None:
+            condition &= pl.col("ttft_s") <= self.ttft_limit_s
+        if self.tpot_limit_s is not None:
+            condition &= pl.col("tpot_s").fill_null(0.0) <= self.tpot_limit_s
+        if self.e2e_limit_s is not None:
+            condition &= pl.col("e2e_s") <= self.e2e_limit_s
+        return condition.fill_null(value=False)
+
+
+MINUTE = "1m"
+
+
+def with_minute(requests: pl.LazyFrame) -> pl.LazyFrame:
+    return requests.with_columns(minute_ts=pl.col("end_ts").dt.truncate(MINUTE))
+
+
+def request_minutes(requests: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per (replica, minute): counts, tokens and descriptive latency percentiles."""
+    ok = pl.col("ok")
+    latency = [
+        pl.col(column).filter(ok).quantile(q, interpolation="linear").alias(f"{stem}_p{p}_s")
+        for column, stem in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"))
+        for p, q in ((50, 0.5), (95, 0.95), (99, 0.99))
+    ]
+    return (
+        requests.pipe(with_tpot)
+        .pipe(with_minute)
+        .group_by("replica", "minute_ts")
+        .agg(
+            pl.len().cast(pl.Int64).alias("requests"),
+            (~ok).sum().cast(pl.Int64).alias("failed_requests"),
+            pl.col("prompt_tokens").filter(ok).sum().cast(pl.Int64).alias("prompt_tokens"),
+            pl.col("completion_tokens").filter(ok).sum().cast(pl.Int64).alias("completion_tokens"),
+            *latency,
+        )
+        .sort("minute_ts", "replica", nulls_last=True)
+    )
+
+
+def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -> pl.LazyFrame:
+    """Good and total events per (SLO, replica, minute): the input of budgets and burn rates."""
+    if not criteria:
+        return pl.LazyFrame(
+            schema={
+                "minute_ts": pl.Datetime("us"),
+                "slo": pl.String,
+                "replica": pl.String,
+                "good": pl.Int64,
+                "total": pl.Int64,
+            }
+        )
+    prepared = requests.pipe(with_tpot).pipe(with_minute)
+    per_slo = [
+        prepared.group_by("minute_ts", "replica")
+        .agg(
+            criterion.good().sum().cast(pl.Int64).alias("good"),
+            pl.len().cast(pl.Int64).alias("total"),
+        )
+        .with_columns(slo=pl.lit(criterion.name))
+        for criterion in criteria
+    ]
+    return (
+        pl.concat(per_slo)
+        .select("minute_ts", "slo", "replica", "good", "total")
+        .sort("slo", "minute_ts", "replica", nulls_last=True)
+    )
