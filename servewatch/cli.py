@@ -19,9 +19,9 @@ from pipeline.request_sli import GoodputLimits
 from pipeline.store import SchemaTooNewError, Store, StoreError
 from servewatch import __version__
 from servewatch.demo import DemoError, run_demo
-from servewatch.instants import format_instant, parse_instant
-from servewatch.render import err_console, out_console, print_json, sli_table
-from servewatch.sli_report import build_sli_report
+from servewatch.instants import format_instant, parse_duration, parse_instant
+from servewatch.render import err_console, out_console, print_json, sli_series_table, sli_table
+from servewatch.sli_report import Grouping, build_sli_report
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -182,6 +182,13 @@ def sli(
     e2e_ms: Annotated[
         float | None, typer.Option("--e2e-ms", help="Goodput limit on e2e latency (inclusive), ms.")
     ] = None,
+    by: Annotated[
+        Grouping, typer.Option("--by", help="Group rows by replica, pool, model, or fleet only.")
+    ] = Grouping.REPLICA,
+    window: Annotated[
+        str | None,
+        typer.Option("--window", help="Also report consecutive windows of this length (5m, 1h)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Request SLIs from traces: TTFT, TPOT, e2e percentiles, attainment and goodput.
@@ -200,12 +207,22 @@ def sli(
         tpot_s=_limit_s(tpot_ms, "--tpot-ms"),
         e2e_s=_limit_s(e2e_ms, "--e2e-ms"),
     )
+    step = None
+    if window is not None:
+        try:
+            step = parse_duration(window)
+        except ValueError as exc:
+            raise fail(f"--window: {exc}", code=EXIT_BAD_INPUT) from exc
     with open_store() as store:
-        report = build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts)
+        report = build_sli_report(
+            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step
+        )
     if as_json:
         print_json(report)
     else:
         out_console.print(sli_table(report))
+        if step is not None:
+            out_console.print(sli_series_table(report))
     if report["overall"]["requests"] == 0:
         err_console.print(f"no requests in {state.db} for this window: ingest traces first")
 

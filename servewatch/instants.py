@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 
 def parse_instant(text: str) -> datetime:
@@ -27,3 +28,18 @@ def parse_instant(text: str) -> datetime:
 def format_instant(moment: datetime | None) -> str | None:
     """A naive UTC datetime as ISO 8601 with a Z, for JSON output."""
     return None if moment is None else moment.isoformat() + "Z"
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration like 30s, 5m, 1h or 7d (Prometheus style, one unit)."""
+    match = _DURATION.match(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"{text!r} is not a duration: use a positive number with one unit of ms, s, m, h, d "
+            "such as 5m"
+        )
+    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])

@@ -44,8 +44,9 @@ def sli_table(report: dict[str, Any]) -> Table:
     window = report["window"]
     title = f"Request SLIs over {_fmt(window['window_s'], digits=0)} s"
     table = Table(title=title, caption=f"goodput limits: {given or 'none given'}")
+    group = report["by"] if report["by"] != "fleet" else "scope"
     for header in (
-        "replica",
+        group,
         "requests",
         "failed",
         "TTFT p50/p95/p99 ms",
@@ -54,15 +55,15 @@ def sli_table(report: dict[str, Any]) -> Table:
         "attainment %",
         "goodput req/s",
     ):
-        table.add_column(header, justify="left" if header == "replica" else "right")
+        table.add_column(header, justify="left" if header == group else "right")
 
     def triple(sli: dict[str, Any]) -> str:
         return " / ".join(_fmt(sli[p], scale=1000.0, digits=0) for p in ("p50", "p95", "p99"))
 
-    rows = [*report["replicas"], {"replica": "fleet", **report["overall"]}]
+    rows = [*report["groups"], {group: "fleet", **report["overall"]}]
     for index, row in enumerate(rows):
         table.add_row(
-            str(row["replica"]) if row["replica"] is not None else "(unknown)",
+            str(row[group]) if row[group] is not None else "(unknown)",
             _fmt(row["requests"]),
             _fmt(row["failed_requests"]),
             triple(row["ttft_s"]),
@@ -71,5 +72,32 @@ def sli_table(report: dict[str, Any]) -> Table:
             _fmt(row["attainment_ratio"], scale=100.0),
             _fmt(row["goodput_rps"], digits=3),
             end_section=index == len(rows) - 2,
+        )
+    return table
+
+
+def sli_series_table(report: dict[str, Any]) -> Table:
+    """The fleet's SLIs window by window."""
+    table = Table(title="Fleet SLIs per window")
+    for header in (
+        "from",
+        "requests",
+        "failed",
+        "TTFT p95 ms",
+        "TPOT p95 ms",
+        "attainment %",
+        "goodput req/s",
+    ):
+        table.add_column(header, justify="left" if header == "from" else "right")
+    for window in report.get("series", []):
+        row = window["overall"]
+        table.add_row(
+            window["from"],
+            _fmt(row["requests"]),
+            _fmt(row["failed_requests"]),
+            _fmt(row["ttft_s"]["p95"], scale=1000.0, digits=0),
+            _fmt(row["tpot_s"]["p95"], scale=1000.0, digits=0),
+            _fmt(row["attainment_ratio"], scale=100.0),
+            _fmt(row["goodput_rps"], digits=3),
         )
     return table

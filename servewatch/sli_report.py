@@ -1,8 +1,10 @@
-"""The SLI report: request SLIs per replica and overall, as one JSON-ready document."""
+"""The SLI report: request SLIs per group (replica, pool, model) and for the fleet, as one
+JSON-ready document, optionally with a series of consecutive windows."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
 
 import polars as pl
@@ -36,29 +38,72 @@ def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class Grouping(Enum):
+    """What the per-group rows of a report are grouped by."""
+
+    REPLICA = "replica"
+    POOL = "pool"
+    MODEL = "model"
+    FLEET = "fleet"
+
+
+def _groups(frame: pl.DataFrame, column: str | None) -> list[dict[str, Any]]:
+    if column is None:
+        return []
+    return [{column: row[column], **_row_to_json(row)} for row in frame.iter_rows(named=True)]
+
+
 def build_sli_report(
     store: Store,
     *,
     limits: GoodputLimits,
     from_ts: datetime | None = None,
     to_ts: datetime | None = None,
+    by: Grouping = Grouping.REPLICA,
+    step: timedelta | None = None,
 ) -> dict[str, Any]:
-    """SLIs of requests that finished in [from_ts, to_ts), per replica and for the fleet.
+    """SLIs of requests that finished in [from_ts, to_ts), per group and for the fleet.
 
     The window length for rates is to_ts - from_ts when both are given, else the span from
-    the first arrival to the last completion of the selected requests.
+    the first arrival to the last completion of the selected requests. With `step`, the report
+    also holds a series of consecutive windows of that length (aligned to from_ts, or to the
+    first completion rounded down to the step), each with its own overall and group rows.
     """
     window_s = (to_ts - from_ts).total_seconds() if from_ts and to_ts else None
     requests = store.read_requests(from_ts=from_ts, to_ts=to_ts)
-    # Both summaries share one scan of the requests; collect_all runs them together.
-    overall, per_replica = pl.collect_all(
-        [
-            request_slis(requests, limits=limits, window_s=window_s),
-            request_slis(requests, limits=limits, window_s=window_s, by=["replica"]),
+    group = None if by is Grouping.FLEET else by.value
+    plans = [
+        request_slis(requests, limits=limits, window_s=window_s),
+        request_slis(requests, limits=limits, window_s=window_s, by=[group] if group else []),
+    ]
+    if step is not None:
+        step_us = int(step.total_seconds() * 1_000_000)
+        origin = pl.lit(from_ts) if from_ts else pl.col("end_ts").min().dt.truncate(f"{step_us}us")
+        stepped = requests.with_columns(
+            window_start=origin
+            + pl.duration(
+                microseconds=(pl.col("end_ts") - origin).dt.total_microseconds()
+                // step_us
+                * step_us
+            )
+        )
+        per_window = [
+            request_slis(
+                stepped, limits=limits, window_s=step.total_seconds(), by=["window_start"]
+            ),
+            request_slis(
+                stepped,
+                limits=limits,
+                window_s=step.total_seconds(),
+                by=["window_start", group] if group else ["window_start"],
+            ),
         ]
-    )
+        plans.extend(per_window)
+    # All summaries share one scan of the requests; collect_all runs them together.
+    collected = pl.collect_all(plans)
+    overall, grouped = collected[0], collected[1]
     overall_row = overall.row(0, named=True)
-    return {
+    report: dict[str, Any] = {
         "window": {
             "from": format_instant(from_ts),
             "to": format_instant(to_ts),
@@ -69,9 +114,21 @@ def build_sli_report(
             "tpot_ms": _ms(limits.tpot_s),
             "e2e_ms": _ms(limits.e2e_s),
         },
+        "by": by.value,
         "overall": _row_to_json(overall_row),
-        "replicas": [
-            {"replica": row["replica"], **_row_to_json(row)}
-            for row in per_replica.iter_rows(named=True)
-        ],
+        "groups": _groups(grouped, group),
     }
+    if step is not None:
+        window_rows, window_groups = collected[2], collected[3]
+        report["series"] = [
+            {
+                "from": format_instant(row["window_start"]),
+                "to": format_instant(row["window_start"] + step),
+                "overall": _row_to_json(row),
+                "groups": _groups(
+                    window_groups.filter(pl.col("window_start") == row["window_start"]), group
+                ),
+            }
+            for row in window_rows.iter_rows(named=True)
+        ]
+    return report

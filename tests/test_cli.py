@@ -44,6 +44,8 @@ def test_sli_on_an_empty_store_says_so(runner: CliRunner, tmp_path: Path) -> Non
         (["--from", "yesterday"], "--from: 'yesterday' is not a time"),
         (["--from", "1795000600", "--to", "1795000000"], "must be after --from"),
         (["--tpot-ms", "0"], "--tpot-ms must be a positive number"),
+        (["--window", "5 minutes"], "--window: '5 minutes' is not a duration"),
+        (["--by", "zone"], "Invalid value for '--by'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(

@@ -75,6 +75,7 @@ def raw_requests(case: Path) -> list[dict[str, Any]]:
                         out.append(
                             {
                                 "replica": replica,
+                                "pool": resource["servewatch.pool"]["stringValue"],
                                 # the store keeps microseconds
                                 "start": int(span["startTimeUnixNano"]) // 1000 / 1e6,
                                 "end": int(span["endTimeUnixNano"]) // 1000 / 1e6,
@@ -94,6 +95,8 @@ def parse_arg_time(text: str) -> float:
 
 def oracle(requests: list[dict[str, Any]], args: list[str]) -> dict[str, Any]:
     opts = dict(zip(args[::2], args[1::2], strict=True))
+    opts.pop("--window", None)
+    opts.pop("--by", None)
     lo = parse_arg_time(opts["--from"]) if "--from" in opts else -math.inf
     hi = parse_arg_time(opts["--to"]) if "--to" in opts else math.inf
     limits = {
@@ -132,10 +135,11 @@ def oracle(requests: list[dict[str, Any]], args: list[str]) -> dict[str, Any]:
             result[name]["samples"] = len(values)
         return result
 
-    replicas = sorted({r["replica"] for r in chosen})
+    group = opts.get("--by-group", "replica")
+    keys = sorted({r[group] for r in chosen})
     return {
         "overall": summary(chosen),
-        "replicas": {rep: summary([r for r in chosen if r["replica"] == rep]) for rep in replicas},
+        "groups": {key: summary([r for r in chosen if r[group] == key]) for key in keys},
     }
 
 
@@ -164,11 +168,23 @@ def test_replay(
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
 
-    want = oracle(raw_requests(case), run["args"])
+    args = run["args"]
+    opts = dict(zip(args[::2], args[1::2], strict=True))
+    group = opts.get("--by", "replica")
+    limit_args = [a for pair in opts.items() if pair[0].endswith("-ms") for a in pair]
+    raw = raw_requests(case)
+    want = oracle(raw, [*args, "--by-group", group])
     assert_close(got["overall"], want["overall"], "overall")
-    assert {r["replica"] for r in got["replicas"]} == set(want["replicas"])
-    for row in got["replicas"]:
-        assert_close(row, want["replicas"][row["replica"]], row["replica"])
+    assert got["by"] == group
+    assert {r[group] for r in got["groups"]} == set(want["groups"])
+    for row in got["groups"]:
+        assert_close(row, want["groups"][row[group]], str(row[group]))
+    if "--window" in opts:
+        # Each window of the series is exactly the report one would get for that window alone.
+        assert got["series"], "a --window report has a series"
+        for window in got["series"]:
+            alone = oracle(raw, ["--from", window["from"], "--to", window["to"], *limit_args])
+            assert_close(window["overall"], alone["overall"], window["from"])
 
     golden = case / "expected" / run["golden"]
     if update_golden:
