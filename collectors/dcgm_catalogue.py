@@ -1,0 +1,222 @@
+"""The DCGM metric catalogue: dcgm-exporter's field names, before and after 4.9.0, as signals.
+
+What it rests on (../shared/REFERENCE.md section 4; sources and doubts in docs/catalogues.md):
+- dcgm-exporter 4.9.0 renamed the default fields to their DCGM 4.7 names, and eleven of them
+  changed unit (MHz -> Hz, mJ -> J, % -> ratio, MiB -> bytes, MB/s -> bytes/s). Both spellings
+  are read and every value is stored in the newer unit (the signal's unit in
+  `pipeline.signals`); the canonical metric name is the newer spelling;
+- DCGM marks "no data" with sentinels: int64 fields at or above 0x7ffffffffffffff0, fp64 fields
+  at or above 2**47 (140737488355328.0); such points are stored as null, never as numbers;
+- NVML utilisation is 0-100 % by definition, so values outside are clamped (after scaling,
+  to 0-1); XID_ERRORS is the value of the last XID, a gauge, not a count;
+- labels: `Hostname` became `hostname` in 4.8.3, the driver label `DCGM_FI_DRIVER_VERSION`
+  became `DCGM_FI_SYSTEM_DRIVER_VERSION` in 4.9.0; behind a Prometheus with honorLabels false
+  the GPU's `pod`, `namespace`, `container` arrive as `exported_*` and win over the scraper's
+  own `pod` etc. (which name the exporter, not the GPU's workload);
+- a field name with `_total` appended (as OpenMetrics readers do to counters) is the same field.
+The rename table is data (`DCGM_FIELDS`) so that a wrong row is a one-line fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import polars as pl
+
+from pipeline.signals import (
+    Catalogue,
+    CataloguedSample,
+    CatalogueEntry,
+    ExposedSample,
+    Signal,
+    Source,
+    SourceRule,
+    catalogue_frame,
+    catalogue_page,
+)
+
+
+class FieldType(StrEnum):
+    """DCGM's value type for a field: it decides which sentinel means "no data"."""
+
+    INT64 = "int64"
+    FP64 = "fp64"
+
+
+# DCGM_INT64_BLANK and DCGM_FP64_BLANK: values at or above are "blank", "not found", "not
+# supported" and so on. As a float the int64 one rounds to 2**63.
+BLANK_AT: Mapping[FieldType, float] = {
+    FieldType.INT64: float(0x7FFFFFFFFFFFFFF0),
+    FieldType.FP64: 140737488355328.0,
+}
+
+PERCENT = 0.01
+MEBIBYTE = 1024.0 * 1024.0
+MEGA = 1e6
+MILLI = 1e-3
+
+
+@dataclass(frozen=True)
+class DcgmField:
+    """A DCGM field name as the exporter exposes it, and its scale to the signal's unit."""
+
+    name: str
+    signal: Signal
+    scale: float = 1.0
+    value_type: FieldType = FieldType.INT64
+    legacy: bool = False  # the name before dcgm-exporter 4.9.0
+
+
+_I, _F = FieldType.INT64, FieldType.FP64
+
+DCGM_FIELDS: tuple[DcgmField, ...] = (
+    # clocks: MHz before 4.9.0, Hz after
+    DcgmField("DCGM_FI_DEV_SM_CLOCK", Signal.GPU_SM_CLOCK_HZ, MEGA, legacy=True),
+    DcgmField("DCGM_FI_DEV_SM_CLOCK_HERTZ", Signal.GPU_SM_CLOCK_HZ),
+    DcgmField("DCGM_FI_DEV_MEM_CLOCK", Signal.GPU_MEMORY_CLOCK_HZ, MEGA, legacy=True),
+    DcgmField("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", Signal.GPU_MEMORY_CLOCK_HZ),
+    # temperatures: renamed only
+    DcgmField("DCGM_FI_DEV_GPU_TEMP", Signal.GPU_TEMPERATURE_C, legacy=True),
+    DcgmField("DCGM_FI_DEV_GPU_TEMP_CELSIUS", Signal.GPU_TEMPERATURE_C),
+    DcgmField("DCGM_FI_DEV_MEMORY_TEMP", Signal.GPU_MEMORY_TEMPERATURE_C, legacy=True),
+    DcgmField("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", Signal.GPU_MEMORY_TEMPERATURE_C),
+    # power (W, fp64) renamed only; energy mJ before, J after
+    DcgmField("DCGM_FI_DEV_POWER_USAGE", Signal.GPU_POWER_W, value_type=_F, legacy=True),
+    DcgmField("DCGM_FI_DEV_BOARD_POWER_WATTS", Signal.GPU_POWER_W, value_type=_F),
+    DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", Signal.GPU_ENERGY_J, MILLI, legacy=True),
+    DcgmField("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", Signal.GPU_ENERGY_J),
+    # NVML utilisation: % before, ratio (fp64) after
+    DcgmField("DCGM_FI_DEV_GPU_UTIL", Signal.GPU_UTIL_RATIO, PERCENT, legacy=True),
+    DcgmField("DCGM_FI_DEV_GPU_UTIL_RATIO", Signal.GPU_UTIL_RATIO, value_type=_F),
+    DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", Signal.GPU_MEMORY_COPY_UTIL_RATIO, PERCENT, legacy=True),
+    DcgmField("DCGM_FI_DEV_MEMORY_UTIL_RATIO", Signal.GPU_MEMORY_COPY_UTIL_RATIO, value_type=_F),
+    DcgmField("DCGM_FI_DEV_ENC_UTIL", Signal.GPU_ENCODER_UTIL_RATIO, PERCENT, legacy=True),
+    DcgmField("DCGM_FI_DEV_ENC_UTIL_RATIO", Signal.GPU_ENCODER_UTIL_RATIO, value_type=_F),
+    DcgmField("DCGM_FI_DEV_DEC_UTIL", Signal.GPU_DECODER_UTIL_RATIO, PERCENT, legacy=True),
+    DcgmField("DCGM_FI_DEV_DEC_UTIL_RATIO", Signal.GPU_DECODER_UTIL_RATIO, value_type=_F),
+    # framebuffer: MiB before, bytes after (FB_TOTAL is not a default before 4.9.0)
+    DcgmField("DCGM_FI_DEV_FB_FREE", Signal.GPU_FB_FREE_BYTES, MEBIBYTE, legacy=True),
+    DcgmField("DCGM_FI_DEV_FB_FREE_BYTES", Signal.GPU_FB_FREE_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_USED", Signal.GPU_FB_USED_BYTES, MEBIBYTE, legacy=True),
+    DcgmField("DCGM_FI_DEV_FB_USED_BYTES", Signal.GPU_FB_USED_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_RESERVED", Signal.GPU_FB_RESERVED_BYTES, MEBIBYTE, legacy=True),
+    DcgmField("DCGM_FI_DEV_FB_RESERVED_BYTES", Signal.GPU_FB_RESERVED_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_TOTAL", Signal.GPU_FB_TOTAL_BYTES, MEBIBYTE, legacy=True),
+    DcgmField("DCGM_FI_DEV_FB_CAPACITY_BYTES", Signal.GPU_FB_TOTAL_BYTES),
+    # PCIe
+    DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", Signal.GPU_PCIE_REPLAYS, legacy=True),
+    DcgmField("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", Signal.GPU_PCIE_REPLAYS),
+    DcgmField("DCGM_FI_PROF_PCIE_TX_BYTES", Signal.GPU_PCIE_TX_BYTES_PER_S),
+    DcgmField("DCGM_FI_PROF_PCIE_RX_BYTES", Signal.GPU_PCIE_RX_BYTES_PER_S),
+    # NVLink, all links: MB/s before (under two names), bytes/s after
+    DcgmField(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", Signal.GPU_NVLINK_BYTES_PER_S, MEGA, legacy=True
+    ),
+    DcgmField(
+        "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", Signal.GPU_NVLINK_BYTES_PER_S, MEGA, legacy=True
+    ),
+    DcgmField("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", Signal.GPU_NVLINK_BYTES_PER_S),
+    # errors and row remapping: renamed only
+    DcgmField("DCGM_FI_DEV_XID_ERRORS", Signal.GPU_LAST_XID, legacy=True),
+    DcgmField("DCGM_FI_DEV_XID_ERROR", Signal.GPU_LAST_XID),
+    DcgmField(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        Signal.GPU_REMAPPED_ROWS_UNCORRECTABLE,
+        legacy=True,
+    ),
+    DcgmField("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", Signal.GPU_REMAPPED_ROWS_UNCORRECTABLE),
+    DcgmField(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", Signal.GPU_REMAPPED_ROWS_CORRECTABLE, legacy=True
+    ),
+    DcgmField("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", Signal.GPU_REMAPPED_ROWS_CORRECTABLE),
+    DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", Signal.GPU_ROW_REMAP_FAILED, legacy=True),
+    DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILED", Signal.GPU_ROW_REMAP_FAILED),
+    # profiling ratios (fp64): renamed only
+    DcgmField(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        Signal.GPU_GRAPHICS_ACTIVE_RATIO,
+        value_type=_F,
+        legacy=True,
+    ),
+    DcgmField("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", Signal.GPU_GRAPHICS_ACTIVE_RATIO, value_type=_F),
+    DcgmField("DCGM_FI_PROF_SM_ACTIVE", Signal.GPU_SM_ACTIVE_RATIO, value_type=_F, legacy=True),
+    DcgmField("DCGM_FI_PROF_SM_UTIL_RATIO", Signal.GPU_SM_ACTIVE_RATIO, value_type=_F),
+    DcgmField(
+        "DCGM_FI_PROF_SM_OCCUPANCY", Signal.GPU_SM_OCCUPANCY_RATIO, value_type=_F, legacy=True
+    ),
+    DcgmField("DCGM_FI_PROF_SM_OCCUPANCY_RATIO", Signal.GPU_SM_OCCUPANCY_RATIO, value_type=_F),
+    DcgmField(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        Signal.GPU_TENSOR_ACTIVE_RATIO,
+        value_type=_F,
+        legacy=True,
+    ),
+    DcgmField("DCGM_FI_PROF_TENSOR_UTIL_RATIO", Signal.GPU_TENSOR_ACTIVE_RATIO, value_type=_F),
+    DcgmField("DCGM_FI_PROF_DRAM_ACTIVE", Signal.GPU_DRAM_ACTIVE_RATIO, value_type=_F, legacy=True),
+    DcgmField("DCGM_FI_PROF_DRAM_UTIL_RATIO", Signal.GPU_DRAM_ACTIVE_RATIO, value_type=_F),
+)
+
+# Ranges of normalised values, where the field has one by definition.
+CLAMPS: Mapping[Signal, tuple[float, float]] = {
+    Signal.GPU_UTIL_RATIO: (0.0, 1.0),
+    Signal.GPU_MEMORY_COPY_UTIL_RATIO: (0.0, 1.0),
+    Signal.GPU_ENCODER_UTIL_RATIO: (0.0, 1.0),
+    Signal.GPU_DECODER_UTIL_RATIO: (0.0, 1.0),
+}
+
+# (old label, new label); the new one is what the store keeps.
+LABEL_RENAMES: tuple[tuple[str, str], ...] = (
+    ("Hostname", "hostname"),
+    ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION"),
+    ("exported_pod", "pod"),
+    ("exported_namespace", "namespace"),
+    ("exported_container", "container"),
+)
+
+
+def canonical_names() -> dict[Signal, str]:
+    """Each DCGM signal's canonical metric name: its field name since dcgm-exporter 4.9.0."""
+    return {f.signal: f.name for f in DCGM_FIELDS if not f.legacy}
+
+
+# dcgm-exporter writes counters without `_total`, but OpenMetrics-minded readers (the
+# prometheus_client parser, an OpenTelemetry Collector's Prometheus exporter) append it to any
+# family typed counter, and the type of each field is whatever the exporter's CSV says.
+COUNTER_SUFFIX = "_total"
+
+
+def _entries() -> Iterator[CatalogueEntry]:
+    canonical = canonical_names()
+    for f in DCGM_FIELDS:
+        metric = canonical[f.signal]
+        for name in (f.name, f.name + COUNTER_SUFFIX):
+            yield CatalogueEntry(
+                exposed=name,
+                signal=f.signal,
+                metric=metric,
+                family=metric,
+                alias=f.legacy,
+                scale=f.scale,
+                blank_at=BLANK_AT[f.value_type],
+                clamp=CLAMPS.get(f.signal),
+            )
+
+
+DCGM_CATALOGUE = Catalogue(
+    name="dcgm",
+    entries=tuple(_entries()),
+    source_rule=SourceRule(default=Source.DCGM),
+    label_renames=LABEL_RENAMES,
+)
+
+
+def catalogue_dcgm(samples: Iterable[ExposedSample]) -> list[CataloguedSample]:
+    """One dcgm-exporter page catalogued: one result per sample, in order."""
+    return catalogue_page(samples, catalogue=DCGM_CATALOGUE)
+
+
+def catalogue_dcgm_frame(samples: pl.LazyFrame, *, page_by: Sequence[str] = ()) -> pl.LazyFrame:
+    """Many dcgm-exporter pages catalogued at once (see `pipeline.signals.catalogue_frame`)."""
+    return catalogue_frame(samples, catalogue=DCGM_CATALOGUE, page_by=page_by)

@@ -1,0 +1,856 @@
+"""Metric catalogues and the GPU join: real captures, tables of cases, and the vectorised forms
+held against the scalar ones."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors.dcgm_catalogue import (
+    DCGM_CATALOGUE,
+    DCGM_FIELDS,
+    canonical_names,
+    catalogue_dcgm,
+    catalogue_dcgm_frame,
+)
+from collectors.gpu_join import (
+    REPLICA_GPUS_SCHEMA,
+    JoinRule,
+    ReplicaGpus,
+    aggregate,
+    gpu_identity,
+    join_replicas,
+    match_replica,
+    tensor_parallel,
+)
+from collectors.vllm_catalogue import (
+    VLLM_CATALOGUE,
+    VLLM_FAMILIES,
+    catalogue_vllm,
+    catalogue_vllm_frame,
+)
+from pipeline.signals import (
+    SIGNALS,
+    Catalogue,
+    CataloguedSample,
+    CatalogueEntry,
+    CatalogueError,
+    Disposition,
+    RawSample,
+    Signal,
+    Source,
+    SourceRule,
+    disposition_counts,
+    kept,
+    kept_rows,
+    labels_json,
+    tally,
+    unknown_family_counts,
+)
+from tests.conftest import REPO_ROOT
+
+SAMPLES = Path(os.environ.get("SERVEWATCH_SAMPLES", REPO_ROOT / "fixtures" / "samples"))
+DOCS = REPO_ROOT / "docs" / "catalogues.md"
+MIB = 1024 * 1024
+S_ = Signal
+
+C, U, X, S = (
+    Disposition.CATALOGUED,
+    Disposition.UNKNOWN,
+    Disposition.CREATED,
+    Disposition.SHADOWED,
+)
+
+
+def parse(text: str) -> list[RawSample]:
+    return [
+        RawSample(metric=s.name, labels=s.labels, value=s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def one(name: str, value: float = 1.0, **labels: str) -> CataloguedSample:
+    catalogue = catalogue_dcgm if name.startswith("DCGM") else catalogue_vllm
+    [out] = catalogue([RawSample(name, labels, value)])
+    return out
+
+
+def sample_file(name: str) -> Path:
+    path = SAMPLES / name
+    if not path.exists():
+        message = f"captures not found at {SAMPLES} (set SERVEWATCH_SAMPLES)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+# -- real captures: every sample is catalogued or counted -------------------------------------
+
+CAPTURES: dict[str, dict[tuple[Disposition, Signal | None], int]] = {
+    "vllm_metrics_production-stack-issue-617.txt": {
+        (X, None): 5,
+        (C, Signal.PREFIX_CACHE_HITS_TOKENS): 1,  # as gpu_prefix_cache_hits_total, an alias
+        (C, Signal.PREFIX_CACHE_QUERIES_TOKENS): 1,
+        (C, Signal.KV_CACHE_USAGE_RATIO): 1,
+        (C, Signal.REQUEST_GENERATION_TOKENS): 11,
+        (U, None): 8,  # vllm:request_params_n, not catalogued
+    },
+    "dcgm_aicr-h100-vllm.txt": {
+        (C, Signal.GPU_TEMPERATURE_C): 8,
+        (C, Signal.GPU_POWER_W): 8,
+        (C, Signal.GPU_UTIL_RATIO): 8,
+        (C, Signal.GPU_MEMORY_COPY_UTIL_RATIO): 6,
+    },
+    "dcgm_datadog-fixture-t4.txt": {
+        **{
+            (C, signal): 1
+            for signal in (
+                Signal.GPU_SM_CLOCK_HZ,
+                Signal.GPU_MEMORY_CLOCK_HZ,
+                Signal.GPU_TEMPERATURE_C,
+                Signal.GPU_POWER_W,
+                Signal.GPU_ENERGY_J,
+                Signal.GPU_PCIE_REPLAYS,
+                Signal.GPU_UTIL_RATIO,
+                Signal.GPU_MEMORY_COPY_UTIL_RATIO,
+                Signal.GPU_ENCODER_UTIL_RATIO,
+                Signal.GPU_DECODER_UTIL_RATIO,
+                Signal.GPU_LAST_XID,
+                Signal.GPU_FB_FREE_BYTES,
+                Signal.GPU_FB_USED_BYTES,
+                Signal.GPU_NVLINK_BYTES_PER_S,
+            )
+        },
+        (U, None): 1,  # DCGM_FI_DEV_VGPU_LICENSE_STATUS
+    },
+}
+
+
+def test_the_table_covers_every_capture() -> None:
+    if not SAMPLES.exists():
+        sample_file("-")
+    assert sorted(p.name for p in SAMPLES.glob("*.txt")) == sorted(CAPTURES)
+
+
+@pytest.mark.parametrize("filename", sorted(CAPTURES))
+def test_every_captured_sample_is_catalogued_or_counted(filename: str) -> None:
+    samples = parse(sample_file(filename).read_text(encoding="utf-8"))
+    catalogue = catalogue_vllm if filename.startswith("vllm") else catalogue_dcgm
+    out = catalogue(samples)
+    assert len(out) == len(samples)
+    assert Counter((s.disposition, s.signal) for s in out) == CAPTURES[filename]
+    counts = tally(out)
+    assert sum(counts.dispositions.values()) == len(samples)
+
+
+def test_captured_values_arrive_in_the_signals_units() -> None:
+    out = catalogue_dcgm(parse(sample_file("dcgm_datadog-fixture-t4.txt").read_text()))
+    by_signal = {s.signal: s for s in out if s.signal is not None}
+    assert by_signal[Signal.GPU_SM_CLOCK_HZ].value == 300e6
+    assert by_signal[Signal.GPU_ENERGY_J].value == pytest.approx(128996.013)
+    assert by_signal[Signal.GPU_FB_FREE_BYTES].value == 15109 * MIB
+    assert by_signal[Signal.GPU_FB_FREE_BYTES].labels == {
+        "DCGM_FI_PROCESS_NAME": "/usr/bin/dcgm-exporter",
+        "DCGM_FI_SYSTEM_DRIVER_VERSION": "460.106.00",
+        "UUID": "GPU-20c56d28-0da5-6d26-a36a-e7af1ce2586e",
+        "device": "nvidia0",
+        "gpu": "0",
+        "hostname": "424773df46e0",
+        "modelName": "Tesla T4",
+    }
+    assert tally(out).unknown_families == {"DCGM_FI_DEV_VGPU_LICENSE_STATUS": 1}
+
+
+def test_captured_vllm_page_keeps_engine_and_counts_unknown_families() -> None:
+    out = catalogue_vllm(parse(sample_file(next(iter(CAPTURES))).read_text()))
+    hits = next(s for s in out if s.signal is Signal.PREFIX_CACHE_HITS_TOKENS)
+    assert hits.metric == "vllm:prefix_cache_hits_total"
+    assert hits.labels == {"engine": "0", "model_name": "zai-org/GLM-4.5"}
+    assert tally(out).unknown_families == {"vllm:request_params_n": 8}
+    assert all(s.disposition is not C for s in out if s.exposed.endswith("_created"))
+
+
+# -- vLLM: prefixes, aliases, suffixes ---------------------------------------------------------
+
+VLLM_NAMES: list[tuple[str, Disposition, Signal | None, str]] = [
+    ("vllm:kv_cache_usage_perc", C, Signal.KV_CACHE_USAGE_RATIO, "vllm:kv_cache_usage_perc"),
+    ("vllm_kv_cache_usage_perc", C, Signal.KV_CACHE_USAGE_RATIO, "vllm:kv_cache_usage_perc"),
+    ("vllm:gpu_cache_usage_perc", C, Signal.KV_CACHE_USAGE_RATIO, "vllm:kv_cache_usage_perc"),
+    ("vllm_gpu_cache_usage_perc", C, Signal.KV_CACHE_USAGE_RATIO, "vllm:kv_cache_usage_perc"),
+    (
+        "vllm_gpu_prefix_cache_queries_total",
+        C,
+        Signal.PREFIX_CACHE_QUERIES_TOKENS,
+        "vllm:prefix_cache_queries_total",
+    ),
+    (
+        "vllm:gpu_prefix_cache_hits_total",
+        C,
+        Signal.PREFIX_CACHE_HITS_TOKENS,
+        "vllm:prefix_cache_hits_total",
+    ),
+    (
+        "vllm:time_per_output_token_seconds_bucket",
+        C,
+        Signal.INTER_TOKEN_LATENCY_S,
+        "vllm:inter_token_latency_seconds_bucket",
+    ),
+    (
+        "vllm_time_per_output_token_seconds_sum",
+        C,
+        Signal.INTER_TOKEN_LATENCY_S,
+        "vllm:inter_token_latency_seconds_sum",
+    ),
+    (
+        "vllm:iteration_tokens_total_bucket",
+        C,
+        Signal.ITERATION_TOKENS,
+        "vllm:iteration_tokens_total_bucket",
+    ),
+    (
+        "vllm_iteration_tokens_total_count",
+        C,
+        Signal.ITERATION_TOKENS,
+        "vllm:iteration_tokens_total_count",
+    ),
+    ("vllm:request_success_total", C, Signal.REQUESTS_FINISHED, "vllm:request_success_total"),
+    ("vllm:num_preemptions_total", C, Signal.PREEMPTIONS, "vllm:num_preemptions_total"),
+    ("vllm:cache_config_info", C, Signal.CACHE_CONFIG_INFO, "vllm:cache_config_info"),
+    (
+        "vllm_e2e_request_latency_seconds_count",
+        C,
+        Signal.E2E_LATENCY_S,
+        "vllm:e2e_request_latency_seconds_count",
+    ),
+    # a counter is read from its _total sample, a histogram from its parts
+    ("vllm:prompt_tokens", U, None, "vllm:prompt_tokens"),
+    ("vllm:time_to_first_token_seconds", U, None, "vllm:time_to_first_token_seconds"),
+    ("vllm:num_requests_running_total", U, None, "vllm:num_requests_running_total"),
+    ("vllm:prompt_tokens_created", X, None, "vllm:prompt_tokens_created"),
+    (
+        "vllm_time_to_first_token_seconds_created",
+        X,
+        None,
+        "vllm_time_to_first_token_seconds_created",
+    ),
+    ("process_cpu_seconds_total", U, None, "process_cpu_seconds_total"),
+    ("vllm-num_requests_running", U, None, "vllm-num_requests_running"),
+]
+
+
+@pytest.mark.parametrize(("name", "disposition", "signal", "metric"), VLLM_NAMES)
+def test_vllm_names_across_prefixes_and_versions(
+    name: str, disposition: Disposition, signal: Signal | None, metric: str
+) -> None:
+    out = one(name, 0.25, engine="0", model_name="m")
+    assert (out.disposition, out.signal, out.metric, out.value) == (
+        disposition,
+        signal,
+        metric,
+        0.25,
+    )
+    assert out.labels == {"engine": "0", "model_name": "m"}
+
+
+@pytest.mark.parametrize(
+    ("name", "labels"),
+    [
+        ("vllm:request_success_total", {"engine": "1", "finished_reason": "length"}),
+        ("vllm:admission_rejections_total", {"model_name": "m", "reason": "queue_full"}),
+        ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "local_cache_hit"}),
+        ("vllm:time_to_first_token_seconds_bucket", {"engine": "0", "le": "+Inf"}),
+        # V0 servers: no engine label, nothing invented
+        ("vllm:gpu_cache_usage_perc", {"model_name": "m"}),
+        (
+            "vllm:cache_config_info",
+            {"block_size": "16", "gpu_memory_utilization": "0.9", "num_gpu_blocks": "27000"},
+        ),
+    ],
+)
+def test_vllm_labels_are_kept_as_exposed(name: str, labels: dict[str, str]) -> None:
+    out = one(name, 1.0, **labels)
+    assert out.disposition is C
+    assert out.labels == labels
+    assert out.source is Source.VLLM_ENGINE
+
+
+def test_an_alias_beside_its_current_name_is_shadowed_not_counted_twice() -> None:
+    labels = {"engine": "0", "model_name": "m"}
+    page = [
+        RawSample("vllm:gpu_prefix_cache_hits_total", labels, 7.0),
+        RawSample("vllm:prefix_cache_hits_total", labels, 7.0),
+        # same alias, other engine: no current twin on this page, so it counts
+        RawSample("vllm:gpu_prefix_cache_hits_total", {**labels, "engine": "1"}, 3.0),
+    ]
+    out = catalogue_vllm(page)
+    assert [s.disposition for s in out] == [S, C, C]
+    assert [s.value for s in kept(out)] == [7.0, 3.0]
+
+
+def test_router_re_exports_are_kept_apart_from_engine_metrics() -> None:
+    page = [
+        RawSample("vllm:num_requests_running", {"engine": "0", "model_name": "m"}, 4.0),
+        RawSample("vllm:num_requests_running", {"model_name": "m", "server": "http://r0"}, 4.0),
+        RawSample("vllm:gpu_cache_usage_perc", {"model_name": "m", "server": "http://r0"}, 0.5),
+        RawSample("vllm:kv_cache_usage_perc", {"engine": "0", "model_name": "m"}, 0.5),
+    ]
+    out = catalogue_vllm(page)
+    assert [s.source for s in out] == [
+        Source.VLLM_ENGINE,
+        Source.VLLM_ROUTER,
+        Source.VLLM_ROUTER,
+        Source.VLLM_ENGINE,
+    ]
+    # a router's alias is not the engine's twin: both are kept
+    assert [s.disposition for s in out] == [C, C, C, C]
+
+
+def test_unknown_families_are_counted_and_kept_only_on_request() -> None:
+    page = [
+        RawSample("vllm:num_requests_running", {}, 1.0),
+        RawSample("vllm:spec_decode_num_drafts_total", {}, 2.0),
+        RawSample("http_request_duration_seconds_bucket", {"le": "1"}, 3.0),
+        RawSample("http_request_duration_seconds_count", {}, 3.0),
+        RawSample("vllm:num_requests_running_created", {}, 1.7e9),
+    ]
+    out = catalogue_vllm(page)
+    assert [s.exposed for s in kept(out)] == ["vllm:num_requests_running"]
+    everything = kept(out, keep_unknown=True)
+    assert [s.disposition for s in everything] == [C, U, U, U]
+    assert all(s.signal is None for s in everything[1:])
+    counts = tally(out)
+    assert counts.dispositions == {C: 1, U: 3, X: 1}
+    assert counts.unknown_families == {
+        "vllm:spec_decode_num_drafts": 1,
+        "http_request_duration_seconds": 2,
+    }
+
+
+# -- DCGM: renames, units, sentinels, clamps, labels -------------------------------------------
+
+# (field, raw value, signal, canonical field, value): field names without "DCGM_FI_".
+DCGM_UNITS: list[tuple[str, float, Signal, str, float]] = [
+    ("DEV_SM_CLOCK", 1980, S_.GPU_SM_CLOCK_HZ, "DEV_SM_CLOCK_HERTZ", 1.98e9),
+    ("DEV_SM_CLOCK_HERTZ", 1.98e9, S_.GPU_SM_CLOCK_HZ, "DEV_SM_CLOCK_HERTZ", 1.98e9),
+    ("DEV_MEM_CLOCK", 2619, S_.GPU_MEMORY_CLOCK_HZ, "DEV_MEMORY_CLOCK_HERTZ", 2.619e9),
+    (
+        "DEV_TOTAL_ENERGY_CONSUMPTION",
+        128996013,
+        S_.GPU_ENERGY_J,
+        "DEV_GPU_ENERGY_JOULES_TOTAL",
+        128996.013,
+    ),
+    (
+        "DEV_GPU_ENERGY_JOULES_TOTAL",
+        128996.013,
+        S_.GPU_ENERGY_J,
+        "DEV_GPU_ENERGY_JOULES_TOTAL",
+        128996.013,
+    ),
+    ("DEV_GPU_UTIL", 37, S_.GPU_UTIL_RATIO, "DEV_GPU_UTIL_RATIO", 0.37),
+    ("DEV_GPU_UTIL_RATIO", 0.37, S_.GPU_UTIL_RATIO, "DEV_GPU_UTIL_RATIO", 0.37),
+    ("DEV_MEM_COPY_UTIL", 12, S_.GPU_MEMORY_COPY_UTIL_RATIO, "DEV_MEMORY_UTIL_RATIO", 0.12),
+    ("DEV_ENC_UTIL", 0, S_.GPU_ENCODER_UTIL_RATIO, "DEV_ENC_UTIL_RATIO", 0.0),
+    ("DEV_DEC_UTIL", 5, S_.GPU_DECODER_UTIL_RATIO, "DEV_DEC_UTIL_RATIO", 0.05),
+    ("DEV_FB_FREE", 15109, S_.GPU_FB_FREE_BYTES, "DEV_FB_FREE_BYTES", 15109 * MIB),
+    ("DEV_FB_USED", 70000, S_.GPU_FB_USED_BYTES, "DEV_FB_USED_BYTES", 70000 * MIB),
+    ("DEV_FB_USED_BYTES", 70000 * MIB, S_.GPU_FB_USED_BYTES, "DEV_FB_USED_BYTES", 70000 * MIB),
+    ("DEV_FB_RESERVED", 512, S_.GPU_FB_RESERVED_BYTES, "DEV_FB_RESERVED_BYTES", 512 * MIB),
+    ("DEV_FB_TOTAL", 81559, S_.GPU_FB_TOTAL_BYTES, "DEV_FB_CAPACITY_BYTES", 81559 * MIB),
+    ("DEV_POWER_USAGE", 113.611, S_.GPU_POWER_W, "DEV_BOARD_POWER_WATTS", 113.611),
+    ("DEV_GPU_TEMP", 30, S_.GPU_TEMPERATURE_C, "DEV_GPU_TEMP_CELSIUS", 30.0),
+    ("DEV_MEMORY_TEMP_CELSIUS", 41, S_.GPU_MEMORY_TEMPERATURE_C, "DEV_MEMORY_TEMP_CELSIUS", 41.0),
+    (
+        "DEV_NVLINK_BANDWIDTH_TOTAL",
+        1500,
+        S_.GPU_NVLINK_BYTES_PER_S,
+        "DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
+        1.5e9,
+    ),
+    ("DEV_PCIE_REPLAY_COUNTER", 3, S_.GPU_PCIE_REPLAYS, "DEV_PCIE_REPLAY_TOTAL", 3.0),
+    ("PROF_PCIE_TX_BYTES", 2.5e9, S_.GPU_PCIE_TX_BYTES_PER_S, "PROF_PCIE_TX_BYTES", 2.5e9),
+    # the last XID, not a count
+    ("DEV_XID_ERRORS", 79, S_.GPU_LAST_XID, "DEV_XID_ERROR", 79.0),
+    ("DEV_ROW_REMAP_FAILURE", 1, S_.GPU_ROW_REMAP_FAILED, "DEV_ROW_REMAP_FAILED", 1.0),
+    (
+        "PROF_GR_ENGINE_ACTIVE",
+        0.42,
+        S_.GPU_GRAPHICS_ACTIVE_RATIO,
+        "PROF_GR_ENGINE_UTIL_RATIO",
+        0.42,
+    ),
+    ("PROF_PIPE_TENSOR_ACTIVE", 0.3, S_.GPU_TENSOR_ACTIVE_RATIO, "PROF_TENSOR_UTIL_RATIO", 0.3),
+    ("PROF_DRAM_UTIL_RATIO", 0.6, S_.GPU_DRAM_ACTIVE_RATIO, "PROF_DRAM_UTIL_RATIO", 0.6),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "signal", "metric", "value"), DCGM_UNITS)
+def test_dcgm_names_before_and_after_4_9_normalise_to_one_unit(
+    name: str, raw: float, signal: Signal, metric: str, value: float
+) -> None:
+    out = one("DCGM_FI_" + name, raw, gpu="0", UUID="GPU-1")
+    assert (out.disposition, out.signal, out.metric) == (C, signal, "DCGM_FI_" + metric)
+    assert out.value == pytest.approx(value)
+
+
+DCGM_SENTINELS: list[tuple[str, float, float | None]] = [
+    ("DCGM_FI_DEV_GPU_TEMP", 9223372036854775794, None),  # DCGM_INT64_NOT_SUPPORTED
+    ("DCGM_FI_DEV_GPU_TEMP", 0x7FFFFFFFFFFFFFF0, None),  # DCGM_INT64_BLANK
+    ("DCGM_FI_DEV_GPU_TEMP", 0x7FFFFFFFFFFFFFFF, None),
+    ("DCGM_FI_DEV_GPU_TEMP", 96, 96.0),
+    ("DCGM_FI_DEV_POWER_USAGE", 140737488355328.0, None),  # DCGM_FP64_BLANK
+    ("DCGM_FI_DEV_POWER_USAGE", 140737488355330.0, None),
+    ("DCGM_FI_DEV_POWER_USAGE", 1e14, 1e14),
+    ("DCGM_FI_DEV_GPU_UTIL_RATIO", 140737488355328.0, None),
+    # blank before clamping: a sentinel must not become "100 % busy"
+    ("DCGM_FI_DEV_GPU_UTIL", 9223372036854775794, None),
+    # an int64 field is blank only at the int64 sentinel
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 140737488355328.0, 140737488355.328),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "value"), DCGM_SENTINELS)
+def test_dcgm_sentinels_become_null(name: str, raw: float, value: float | None) -> None:
+    out = one(name, float(raw))
+    assert out.disposition is C
+    assert out.value == (None if value is None else pytest.approx(value))
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "value"),
+    [
+        ("DCGM_FI_DEV_GPU_UTIL", 120, 1.0),
+        ("DCGM_FI_DEV_GPU_UTIL", 100, 1.0),
+        ("DCGM_FI_DEV_GPU_UTIL", -3, 0.0),
+        ("DCGM_FI_DEV_GPU_UTIL_RATIO", 1.2, 1.0),
+        ("DCGM_FI_DEV_MEM_COPY_UTIL", 101, 1.0),
+        # not a utilisation: no range to clamp to
+        ("DCGM_FI_DEV_GPU_TEMP", 130, 130.0),
+    ],
+)
+def test_utilisation_is_clamped_to_its_range(name: str, raw: float, value: float) -> None:
+    assert one(name, raw).value == value
+
+
+@pytest.mark.parametrize(
+    ("labels", "canonical"),
+    [
+        ({"Hostname": "node-1", "gpu": "0"}, {"hostname": "node-1", "gpu": "0"}),
+        ({"hostname": "node-1"}, {"hostname": "node-1"}),
+        ({"DCGM_FI_DRIVER_VERSION": "580.1"}, {"DCGM_FI_SYSTEM_DRIVER_VERSION": "580.1"}),
+        (
+            # through Prometheus with honorLabels false: pod/namespace name the exporter
+            {
+                "exported_pod": "vllm-0",
+                "exported_namespace": "serving",
+                "pod": "dcgm-exporter-x",
+                "namespace": "gpu-operator",
+            },
+            {"namespace": "serving", "pod": "vllm-0"},
+        ),
+        # a GPU no pod requested: the exporter's own pod is not its workload
+        ({"exported_pod": "", "pod": "dcgm-exporter-x"}, {}),
+        ({"container": "main", "pod_uid": ""}, {"container": "main"}),
+        ({"err_code": "79", "err_msg": "GPU has fallen off the bus"}, None),
+    ],
+)
+def test_dcgm_labels_across_versions(
+    labels: dict[str, str], canonical: dict[str, str] | None
+) -> None:
+    out = one("DCGM_FI_DEV_XID_ERRORS", 79.0, **labels)
+    assert out.labels == (labels if canonical is None else canonical)
+    assert out.source is Source.DCGM
+
+
+def test_old_and_new_dcgm_names_on_one_page_count_once() -> None:
+    labels = {"UUID": "GPU-1", "hostname": "n"}
+    page = [
+        RawSample("DCGM_FI_DEV_FB_USED", labels, 1000.0),
+        RawSample("DCGM_FI_DEV_FB_USED_BYTES", labels, 1000.0 * MIB),
+    ]
+    assert [s.disposition for s in catalogue_dcgm(page)] == [S, C]
+
+
+# -- the tables themselves ---------------------------------------------------------------------
+
+
+def test_every_signal_has_a_spec_and_every_dcgm_signal_one_current_name() -> None:
+    assert set(SIGNALS) == set(Signal)
+    current = Counter(f.signal for f in DCGM_FIELDS if not f.legacy)
+    assert all(n == 1 for n in current.values())
+    assert {f.signal for f in DCGM_FIELDS} == set(canonical_names())
+    assert not {e.signal for e in VLLM_CATALOGUE.entries} & {e.signal for e in DCGM_FIELDS}
+
+
+def test_a_catalogue_that_contradicts_itself_is_refused() -> None:
+    entry = CatalogueEntry(exposed="a", signal=Signal.GPU_POWER_W, metric="a", family="a")
+    rule = SourceRule(default=Source.DCGM)
+    with pytest.raises(CatalogueError, match="sample name a twice"):
+        Catalogue(name="t", entries=(entry, entry), source_rule=rule)
+    with pytest.raises(CatalogueError, match="distinct targets"):
+        Catalogue(
+            name="t", entries=(entry,), source_rule=rule, label_renames=(("a", "b"), ("b", "c"))
+        )
+
+
+def test_a_frame_without_the_sample_columns_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"lacks columns \['labels'\].*needs metric"):
+        catalogue_vllm_frame(pl.LazyFrame({"metric": ["x"], "value": [1.0]}))
+
+
+def test_the_docs_list_every_name_the_catalogues_know() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    names = [f.name for f in DCGM_FIELDS]
+    names += [f.name for f in VLLM_FAMILIES] + [a for f in VLLM_FAMILIES for a in f.aliases]
+    names += [s.value for s in Signal]
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/catalogues.md lacks {missing}"
+
+
+# -- vectorised form agrees with the scalar one ------------------------------------------------
+
+LABEL_KEYS = [
+    "engine",
+    "model_name",
+    "le",
+    "server",
+    "Hostname",
+    "hostname",
+    "UUID",
+    "pod",
+    "exported_pod",
+    "namespace",
+    "exported_namespace",
+    "DCGM_FI_DRIVER_VERSION",
+    "DCGM_FI_SYSTEM_DRIVER_VERSION",
+    "a",
+    "ab",
+    "b_",
+]
+label_values = st.one_of(
+    st.just(""),
+    st.sampled_from(["0", "1", "m", "x"]),
+    st.text(alphabet='ab,:"\\{}é\n', max_size=6),
+)
+values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([9223372036854775794.0, 140737488355328.0, 150.0, -2.0, 0.5]),
+)
+
+
+def raw_samples(catalogue: Catalogue) -> st.SearchStrategy[RawSample]:
+    known = [e.exposed for e in catalogue.entries]
+    other = ["vllm:foo_created", "DCGM_FI_DEV_FOO", "x_total", "x_bucket", "y_count"]
+    return st.builds(
+        RawSample,
+        metric=st.sampled_from(known + other),
+        labels=st.dictionaries(st.sampled_from(LABEL_KEYS), label_values, max_size=5),
+        value=values,
+    )
+
+
+def same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def check_forms_agree(catalogue: Catalogue, pages: list[list[RawSample]]) -> None:
+    scalar = catalogue_vllm if catalogue is VLLM_CATALOGUE else catalogue_dcgm
+    vectorised = catalogue_vllm_frame if catalogue is VLLM_CATALOGUE else catalogue_dcgm_frame
+    expected = [s for page in pages for s in scalar(page)]
+    frame = pl.LazyFrame(
+        {
+            "page": [i for i, page in enumerate(pages) for _ in page],
+            "metric": [s.metric for page in pages for s in page],
+            "labels": [labels_json(s.labels) for page in pages for s in page],
+            "value": [float(s.value) for page in pages for s in page],
+        },
+        schema={"page": pl.Int64, "metric": pl.String, "labels": pl.String, "value": pl.Float64},
+    )
+    got = frame.pipe(vectorised, page_by=["page"]).collect().to_dicts()
+    assert len(got) == len(expected)
+    for row, want in zip(got, expected, strict=True):
+        assert row["exposed"] == want.exposed
+        assert row["disposition"] == want.disposition.value
+        assert row["signal"] == (None if want.signal is None else want.signal.value)
+        assert row["source"] == want.source.value
+        assert row["metric"] == want.metric
+        assert row["family"] == want.family
+        assert row["labels"] == labels_json(want.labels)
+        assert same(row["value"], want.value), (row, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.lists(st.lists(raw_samples(VLLM_CATALOGUE), max_size=12), min_size=1, max_size=3))
+def test_vllm_frame_agrees_with_the_scalar_catalogue(pages: list[list[RawSample]]) -> None:
+    check_forms_agree(VLLM_CATALOGUE, pages)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.lists(st.lists(raw_samples(DCGM_CATALOGUE), max_size=12), min_size=1, max_size=3))
+def test_dcgm_frame_agrees_with_the_scalar_catalogue(pages: list[list[RawSample]]) -> None:
+    check_forms_agree(DCGM_CATALOGUE, pages)
+
+
+def test_frame_tallies_match_the_scalar_tally() -> None:
+    page = [
+        RawSample("vllm:num_requests_running", {"engine": "0"}, 1.0),
+        RawSample("vllm:foo_total", {}, 2.0),
+        RawSample("vllm:foo_created", {}, 3.0),
+        RawSample("vllm:gpu_cache_usage_perc", {"engine": "0"}, 0.1),
+        RawSample("vllm:kv_cache_usage_perc", {"engine": "0"}, 0.1),
+    ]
+    frame = pl.LazyFrame(
+        {
+            "metric": [s.metric for s in page],
+            "labels": [labels_json(s.labels) for s in page],
+            "value": [s.value for s in page],
+        }
+    )
+    catalogued = catalogue_vllm_frame(frame).collect().lazy()
+    counts = dict(disposition_counts(catalogued).collect().iter_rows())
+    assert counts == {d.value: n for d, n in tally(catalogue_vllm(page)).dispositions.items()}
+    assert unknown_family_counts(catalogued).collect().rows() == [("vllm:foo", 1)]
+    assert kept_rows(catalogued).collect()["exposed"].to_list() == [
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    ]
+    assert kept_rows(catalogued, keep_unknown=True).collect().height == 3
+
+
+# -- GPUs joined to replicas -------------------------------------------------------------------
+
+H100 = "dcgm_aicr-h100-vllm.txt"
+UUID0 = "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
+UUID1 = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"
+UUID2 = "GPU-fbc2c554-4d37-8938-0032-f923bad0f716"
+
+
+def replica_frame(replicas: list[ReplicaGpus]) -> pl.LazyFrame:
+    return pl.LazyFrame(
+        {
+            "replica": [r.replica for r in replicas],
+            "pod": [r.pod for r in replicas],
+            "namespace": [r.namespace for r in replicas],
+            "hostname": [r.hostname for r in replicas],
+            "gpu_uuids": [list(r.gpu_uuids) for r in replicas],
+        },
+        schema=REPLICA_GPUS_SCHEMA,
+    )
+
+
+def dcgm_frame(samples: list[RawSample]) -> pl.LazyFrame:
+    return pl.LazyFrame(
+        {
+            "ts": [0] * len(samples),
+            "metric": [s.metric for s in samples],
+            "labels": [labels_json(s.labels) for s in samples],
+            "value": [float(s.value) for s in samples],
+        }
+    ).pipe(catalogue_dcgm_frame, page_by=["ts"])
+
+
+H100_REPLICAS = [
+    ReplicaGpus(
+        "decode-0",
+        hostname="gpu-node-1",
+        pod="vllm-agg-0-vllmdecodeworker-s65j5",
+        namespace="dynamo-workload",
+    ),
+    ReplicaGpus("tp2", hostname="GPU-NODE-1", gpu_uuids=(UUID1, UUID2)),
+]
+
+
+def test_captured_h100_gpus_join_by_pod_then_by_hostname_and_uuid() -> None:
+    frame = dcgm_frame(parse(sample_file(H100).read_text()))
+    joined = join_replicas(frame, replicas=replica_frame(H100_REPLICAS)).collect()
+    rules = joined.group_by("uuid").agg(pl.col("replica").first(), pl.col("rule").first())
+    by_uuid = {row["uuid"]: (row["replica"], row["rule"]) for row in rules.to_dicts()}
+    assert by_uuid[UUID0] == ("decode-0", JoinRule.POD.value)
+    assert by_uuid[UUID1] == ("tp2", JoinRule.HOST_UUID.value)
+    assert by_uuid[UUID2] == ("tp2", JoinRule.HOST_UUID.value)
+    # two replicas on the host and neither lists these GPUs: never guessed by gpu index
+    others = {v for k, v in by_uuid.items() if k not in {UUID0, UUID1, UUID2}}
+    assert others == {(None, JoinRule.UNMATCHED.value)}
+
+    folded = tensor_parallel(joined.lazy(), by=["ts"]).collect()
+    tp2 = {row["signal"]: row for row in folded.filter(pl.col("replica") == "tp2").to_dicts()}
+    assert tp2[Signal.GPU_TEMPERATURE_C.value]["value"] == 29.0  # max of 29 and 26
+    assert tp2[Signal.GPU_POWER_W.value]["value"] == pytest.approx(68.347 + 65.709)
+    assert tp2[Signal.GPU_UTIL_RATIO.value]["value"] == 0.0
+    assert {row["gpus"] for row in tp2.values()} == {2}
+
+
+JOIN_CASES: list[tuple[str, dict[str, str], list[ReplicaGpus], str | None, JoinRule]] = [
+    (
+        "pod and namespace win over hostname",
+        {"hostname": "n1", "UUID": "u1", "pod": "p1", "namespace": "ns"},
+        [
+            ReplicaGpus("a", hostname="n1", gpu_uuids=("u1",)),
+            ReplicaGpus("b", pod="p1", namespace="ns"),
+        ],
+        "b",
+        JoinRule.POD,
+    ),
+    (
+        "same pod name in another namespace is another pod",
+        {"hostname": "n1", "UUID": "u1", "pod": "p1", "namespace": "ns"},
+        [ReplicaGpus("b", hostname="n1", pod="p1", namespace="other", gpu_uuids=("u1",))],
+        None,
+        JoinRule.UNMATCHED,
+    ),
+    (
+        "a replica without pod facts may claim by hostname and UUID",
+        {"hostname": "n1", "UUID": "u1", "pod": "p1", "namespace": "ns"},
+        [ReplicaGpus("a", hostname="n1", gpu_uuids=("u1",))],
+        "a",
+        JoinRule.HOST_UUID,
+    ),
+    (
+        "hostname alone when the replica is alone on its host",
+        {"Hostname": "N1", "UUID": "u1", "gpu": "0"},
+        [ReplicaGpus("a", hostname="n1"), ReplicaGpus("z", hostname="n2")],
+        "a",
+        JoinRule.HOST,
+    ),
+    (
+        "two replicas on a host without UUID lists: not guessed",
+        {"hostname": "n1", "UUID": "u1", "gpu": "0"},
+        [ReplicaGpus("a", hostname="n1"), ReplicaGpus("b", hostname="n1")],
+        None,
+        JoinRule.UNMATCHED,
+    ),
+    (
+        "a GPU two replicas both list is ambiguous",
+        {"hostname": "n1", "UUID": "u1"},
+        [
+            ReplicaGpus("a", hostname="n1", gpu_uuids=("u1",)),
+            ReplicaGpus("b", hostname="n1", gpu_uuids=("u1", "u2")),
+        ],
+        None,
+        JoinRule.AMBIGUOUS,
+    ),
+    (
+        "the gpu index is never a key",
+        {"hostname": "n1", "UUID": "u9", "gpu": "0"},
+        [
+            ReplicaGpus("a", hostname="n1", gpu_uuids=("u1",)),
+            ReplicaGpus("b", hostname="n1", gpu_uuids=("u2",)),
+        ],
+        None,
+        JoinRule.UNMATCHED,
+    ),
+    (
+        "no hostname, no pod: nothing to join on",
+        {"UUID": "u1"},
+        [ReplicaGpus("a", hostname="n1", gpu_uuids=("u1",))],
+        None,
+        JoinRule.UNMATCHED,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("labels", "replicas", "replica", "rule"),
+    [case[1:] for case in JOIN_CASES],
+    ids=[case[0] for case in JOIN_CASES],
+)
+def test_gpu_join_rules(
+    labels: dict[str, str], replicas: list[ReplicaGpus], replica: str | None, rule: JoinRule
+) -> None:
+    [catalogued] = catalogue_dcgm([RawSample("DCGM_FI_DEV_GPU_TEMP", labels, 50.0)])
+    match = match_replica(gpu_identity(catalogued.labels), replicas)
+    assert (match.replica, match.rule) == (replica, rule)
+    frame = dcgm_frame([RawSample("DCGM_FI_DEV_GPU_TEMP", labels, 50.0)])
+    row = join_replicas(frame, replicas=replica_frame(replicas)).collect().row(0, named=True)
+    assert (row["replica"], row["rule"]) == (replica, rule.value)
+
+
+def gpu(uuid: str, name: str, value: float) -> RawSample:
+    return RawSample(name, {"hostname": "n1", "UUID": uuid, "gpu": uuid[-1]}, value)
+
+
+TP2: list[tuple[str, float, float, Signal, float | None]] = [
+    ("DCGM_FI_DEV_GPU_TEMP", 60, 71, Signal.GPU_TEMPERATURE_C, 71.0),
+    ("DCGM_FI_DEV_XID_ERRORS", 0, 79, Signal.GPU_LAST_XID, 79.0),
+    ("DCGM_FI_DEV_POWER_USAGE", 300.5, 310.25, Signal.GPU_POWER_W, 610.75),
+    ("DCGM_FI_DEV_FB_USED", 70000, 71000, Signal.GPU_FB_USED_BYTES, 141000.0 * MIB),
+    ("DCGM_FI_DEV_GPU_UTIL", 100, 50, Signal.GPU_UTIL_RATIO, 0.75),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        0.2,
+        0.4,
+        Signal.GPU_TENSOR_ACTIVE_RATIO,
+        0.30000000000000004,
+    ),
+    # a GPU without data leaves the other's reading; two leave none
+    ("DCGM_FI_DEV_MEMORY_TEMP", 9223372036854775794, 80, Signal.GPU_MEMORY_TEMPERATURE_C, 80.0),
+    (
+        "DCGM_FI_DEV_BOARD_POWER_WATTS",
+        140737488355328.0,
+        140737488355328.0,
+        Signal.GPU_POWER_W,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "first", "second", "signal", "value"), TP2)
+def test_tensor_parallel_gpus_fold_by_the_signals_aggregation(
+    name: str, first: float, second: float, signal: Signal, value: float | None
+) -> None:
+    samples = [gpu("GPU-0", name, first), gpu("GPU-1", name, second)]
+    replicas = [ReplicaGpus("tp2", hostname="n1", gpu_uuids=("GPU-0", "GPU-1"))]
+    joined = join_replicas(dcgm_frame(samples), replicas=replica_frame(replicas))
+    [row] = tensor_parallel(joined, by=["ts"]).collect().to_dicts()
+    assert (row["replica"], row["signal"], row["gpus"]) == ("tp2", signal.value, 2)
+    assert row["value"] == (None if value is None else pytest.approx(value))
+    assert row["gpus_reporting"] == sum(s.value is not None for s in catalogue_dcgm(samples))
+    scalar = aggregate(signal, [s.value for s in catalogue_dcgm(samples)])
+    assert scalar == (None if value is None else pytest.approx(value))
+
+
+identities = st.fixed_dictionaries(
+    {},
+    optional={
+        "hostname": st.sampled_from(["n1", "N1", "n2"]),
+        "UUID": st.sampled_from(["u1", "u2", "u3"]),
+        "pod": st.sampled_from(["p1", "p2"]),
+        "namespace": st.sampled_from(["ns"]),
+    },
+)
+replica_lists = st.lists(
+    st.builds(
+        ReplicaGpus,
+        replica=st.sampled_from(["a", "b", "c", "d"]),
+        hostname=st.sampled_from(["n1", "N1", "n2", None]),
+        pod=st.sampled_from(["p1", "p2", None]),
+        namespace=st.sampled_from(["ns", None]),
+        gpu_uuids=st.lists(st.sampled_from(["u1", "u2", "u3"]), max_size=2, unique=True).map(tuple),
+    ),
+    max_size=4,
+    unique_by=lambda r: r.replica,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gpus=st.lists(identities, min_size=1, max_size=8), replicas=replica_lists)
+def test_vectorised_join_agrees_with_the_scalar_rules(
+    gpus: list[dict[str, str]], replicas: list[ReplicaGpus]
+) -> None:
+    samples = [RawSample("DCGM_FI_DEV_GPU_TEMP", labels, 50.0) for labels in gpus]
+    rows = join_replicas(dcgm_frame(samples), replicas=replica_frame(replicas)).collect()
+    for labels, row in zip(gpus, rows.to_dicts(), strict=True):
+        match = match_replica(gpu_identity(labels), replicas)
+        assert (row["replica"], row["rule"]) == (match.replica, match.rule.value)
