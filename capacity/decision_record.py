@@ -1,0 +1,435 @@
+"""Decision record: the recommendation with every number and its source, as JSON and Markdown.
+
+Seed 000: "A design interview should end with a checkable decision record." It holds the
+requirement, the measured capacity with its interval, the sizing chain step by step, the failure
+table, the recommended fleet and its cost (and what the reserve costs), the riskiest assumption
+with a measurement plan that could disprove the answer, and every input with its source. The
+JSON form is what the store keeps and scripts read; the Markdown form is for the design review.
+Non-finite numbers (an unbounded interval end) are `null` in JSON and "unbounded" in Markdown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from capacity.cache_hit_rate import HitRatioSpread
+from capacity.capacity_fit import CapacityFit
+from capacity.failure_table import FailureRow
+from capacity.figure import Figure, Step, derived, fmt
+from capacity.fleet_size import FleetSize
+from capacity.placement import NO_LAYOUT, FailureUnit, Layout
+from capacity.requirement import Requirement, figures
+from capacity.risk import RiskAssessment
+
+SCHEMA = "servewatch.decision_record/1"
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    requirement: Requirement
+    created_at: datetime
+    fleet: FleetSize
+    risk: RiskAssessment
+    capacity_fit: CapacityFit | None = None
+    hit_ratio: HitRatioSpread | None = None
+    layout: Layout = NO_LAYOUT
+    notes: tuple[str, ...] = ()
+
+    @property
+    def recommended(self) -> FailureRow | None:
+        return self.fleet.table.minimum
+
+    @property
+    def feasible(self) -> bool:
+        return self.recommended is not None
+
+    def requirement_sentence(self) -> str:
+        req = self.requirement
+        demand = self.fleet.demand.req_per_min
+        unit = req.failure_unit
+        headroom = req.headroom_ratio.value
+        carry = f"{demand.text()}" + (f" plus {headroom:.0%} headroom" if headroom else "")
+        if unit is FailureUnit.NONE:
+            return f"Carry {carry} at the SLO; no failure is in scope."
+        return (
+            f"Carry {carry} at the SLO after losing one {unit.value}, counting no replacement "
+            f"for the first {req.recovery.interval_s.text()}."
+        )
+
+    def cost_figures(self) -> tuple[Figure, Figure] | None:
+        """Monthly cost of the recommended fleet and of its failure reserve, with sources."""
+        row, cost = self.recommended, self.requirement.cost
+        if row is None or cost.usd_per_gpu_hour is None or row.usd_per_month is None:
+            return None
+        healthy = self.fleet.table.healthy_minimum
+        healthy_replicas = healthy.replicas if healthy is not None else 0
+        gpus = self.requirement.replica.gpus
+        per = f"{gpus} GPUs x {cost.usd_per_gpu_hour.text()} x {cost.hours_per_month.text()}"
+        total = derived(row.usd_per_month, "usd/month", f"{row.replicas} replicas x {per}")
+        reserve = derived(
+            row.reserve_usd_per_month or 0.0,
+            "usd/month",
+            f"({row.replicas} - {healthy_replicas} replicas that meet healthy demand) x {per}",
+        )
+        return total, reserve
+
+    def verdict(self) -> str:
+        row, table = self.recommended, self.fleet.table
+        if row is None:
+            return f"The requirement cannot be met: {table.infeasible_reason}."
+        unit = table.spec.unit.value
+        chain = self.fleet.chain
+        gpus = row.replicas * self.requirement.replica.gpus
+        text = (
+            f"{row.hosts} hosts ({row.replicas} replicas, {gpus} GPUs, in {row.zones} "
+            f"zone{'s' if row.zones != 1 else ''}) meet the requirement: "
+            f"the demand needs {fmt(chain.replicas_with_headroom.value)} replicas' worth of "
+            f"capacity ({chain.binding.value} binds)"
+        )
+        if self.requirement.failure_unit is not FailureUnit.NONE:
+            text += (
+                f", and after losing one {self.requirement.failure_unit.value} the survivors keep "
+                f"{fmt(row.failed_capacity)} {unit} against {fmt(table.spec.demand_rate)} {unit}"
+            )
+        text += (
+            f". Admit at most {fmt(row.max_admission)} {unit} to keep that promise (healthy "
+            f"capacity is {fmt(row.healthy_capacity)} {unit})."
+        )
+        costs = self.cost_figures()
+        if costs is not None:
+            total, reserve = costs
+            healthy = table.healthy_minimum
+            text += (
+                f" Cost {_usd(total.value)}/month, of which {_usd(reserve.value)}/month buys the "
+                f"failure reserve beyond the {healthy.hosts if healthy else 0} hosts that meet "
+                "healthy demand."
+            )
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        fleet, table = self.fleet, self.fleet.table
+        row = self.recommended
+        costs = self.cost_figures()
+        return {
+            "schema": SCHEMA,
+            "name": self.requirement.name,
+            "created_at": self.created_at.isoformat(),
+            "requirement": {
+                "source": self.requirement.source,
+                "statement": self.requirement_sentence(),
+                "failure_unit": self.requirement.failure_unit.value,
+                "replicas_per_host": self.requirement.placement.replicas_per_host,
+                "zones": list(self.requirement.placement.zones),
+                "gpus_per_replica": self.requirement.replica.gpus,
+                "startup_dependencies": list(self.requirement.recovery.startup_dependencies),
+                "slo_latency": self.requirement.slo.latency,
+                "slo_latency_limit_s": self.requirement.slo.latency_limit_s,
+            },
+            "verdict": self.verdict(),
+            "feasible": self.feasible,
+            "recommendation": None
+            if row is None
+            else {
+                "hosts": row.hosts,
+                "replicas": row.replicas,
+                "gpus": row.replicas * self.requirement.replica.gpus,
+                "zones": row.zones,
+                "healthy_capacity": _num(row.healthy_capacity),
+                "failed_capacity": _num(row.failed_capacity),
+                "max_admission": _num(row.max_admission),
+                "rate_unit": table.spec.unit.value,
+                "usd_per_month": None if costs is None else _figure_json(costs[0]),
+                "reserve_usd_per_month": None if costs is None else _figure_json(costs[1]),
+            },
+            "inputs": [
+                {"path": path, **_figure_json(figure)}
+                for path, figure in figures(self.requirement).items()
+            ],
+            "notes": list(self.notes),
+            "capacity_fit": None if self.capacity_fit is None else _fit_json(self.capacity_fit),
+            "cache_hit_ratio": None if self.hit_ratio is None else _hit_json(self.hit_ratio),
+            "chain": [_step_json(step) for step in fleet.chain.steps],
+            "failure_table": {
+                "rate_unit": table.spec.unit.value,
+                "failure_unit": table.spec.failure_unit.value,
+                "demand": _num(table.spec.demand_rate),
+                "demand_source": fleet.chain.demand_rate.source,
+                "replica_capacity": _num(table.spec.replica_rate),
+                "replica_capacity_source": fleet.chain.replica_rate.source,
+                "backlog": _figure_json(fleet.backlog_work),
+                "rows": [_row_json(r) for r in table.rows],
+                "minimum_hosts": None if row is None else row.hosts,
+                "healthy_minimum_hosts": None
+                if table.healthy_minimum is None
+                else table.healthy_minimum.hosts,
+                "infeasible_reason": table.infeasible_reason,
+            },
+            "risk": _risk_json(self.risk),
+        }
+
+    def to_markdown(self) -> str:
+        return "\n".join(_markdown_lines(self)) + "\n"
+
+
+def _num(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.0f}"
+
+
+def _figure_json(figure: Figure) -> dict[str, Any]:
+    return {
+        "value": _num(figure.value),
+        "unit": figure.unit,
+        "kind": figure.kind.value,
+        "source": figure.source,
+        "low": _num(figure.low),
+        "high": _num(figure.high),
+    }
+
+
+def _step_json(step: Step) -> dict[str, Any]:
+    return {"step": step.label, **_figure_json(step.figure)}
+
+
+def _row_json(row: FailureRow) -> dict[str, Any]:
+    return {
+        "hosts": row.hosts,
+        "replicas": row.replicas,
+        "zones": row.zones,
+        "healthy_capacity": _num(row.healthy_capacity),
+        "after_replica_loss": _num(row.after_replica_loss),
+        "after_host_loss": _num(row.after_host_loss),
+        "after_zone_loss": _num(row.after_zone_loss),
+        "failed_capacity": _num(row.failed_capacity),
+        "max_admission": _num(row.max_admission),
+        "drain_rate": _num(row.drain_rate),
+        "drain_s": _num(row.drain_s),
+        "meets_healthy": row.meets_healthy,
+        "meets_failure": row.meets_failure,
+        "usd_per_month": _num(row.usd_per_month),
+        "reserve_usd_per_month": _num(row.reserve_usd_per_month),
+    }
+
+
+def _fit_json(fit: CapacityFit) -> dict[str, Any]:
+    return {
+        "summary": fit.summary(),
+        "load_unit": fit.load_unit.value,
+        "latency_limit_s": fit.latency_limit_s,
+        "intercept_s": fit.intercept_s,
+        "slope_s_per_load": fit.slope_s_per_load,
+        "knee_load": _num(fit.knee_load),
+        "knee_low_load": _num(fit.knee_low_load),
+        "knee_high_load": _num(fit.knee_high_load),
+        "confidence_ratio": fit.confidence_ratio,
+        "points": fit.points,
+        "replicas": fit.replicas,
+        "load_min": fit.load_min,
+        "load_max": fit.load_max,
+        "extrapolated": fit.extrapolated,
+        "extrapolation_ratio": _num(fit.extrapolation_ratio),
+        "data": fit.data,
+    }
+
+
+def _hit_json(spread: HitRatioSpread) -> dict[str, Any]:
+    return {
+        "summary": spread.summary(),
+        "p10_ratio": spread.p10_ratio,
+        "p50_ratio": spread.p50_ratio,
+        "p90_ratio": spread.p90_ratio,
+        "windows": spread.windows,
+        "every": spread.every,
+        "data": spread.data,
+    }
+
+
+def _risk_json(risk: RiskAssessment) -> dict[str, Any]:
+    riskiest = risk.riskiest
+    return {
+        "riskiest": None
+        if riskiest is None
+        else {
+            "assumption": riskiest.path,
+            "reason": riskiest.reason,
+            "break_even": _num(riskiest.break_even),
+        },
+        "measurement_plan": [] if riskiest is None else list(riskiest.measurement_plan),
+        "tornado": [
+            {
+                "assumption": bar.path,
+                "value": _num(bar.figure.value),
+                "unit": bar.figure.unit,
+                "source": bar.figure.source,
+                "low": _num(bar.low),
+                "high": _num(bar.high),
+                "replicas_at_low": bar.replicas_at_low,
+                "replicas_at_high": bar.replicas_at_high,
+                "replicas_exact_at_low": _num(bar.replicas_exact_at_low),
+                "replicas_exact_at_high": _num(bar.replicas_exact_at_high),
+                "swing_replicas": _num(bar.swing_replicas),
+            }
+            for bar in risk.tornado
+        ],
+        "not_perturbed": list(risk.unranged),
+        "flags": [
+            {"kind": flag.kind.value, "assumption": flag.path, "message": flag.message}
+            for flag in risk.flags
+        ],
+    }
+
+
+def _cell(value: float | None) -> str:
+    return "never" if value is None else fmt(value)
+
+
+def _requirement_lines(record: DecisionRecord) -> list[str]:
+    req = record.requirement
+    lines = [
+        f"# Capacity decision record: {req.name}",
+        "",
+        f"Created {record.created_at.isoformat()} from {req.source}.",
+        "",
+        "## Requirement",
+        "",
+        record.requirement_sentence(),
+        "",
+        (
+            f"- failure unit: {req.failure_unit.value}; recovery interval: "
+            f"{req.recovery.interval_s.text()} ({req.recovery.interval_s.source})"
+        ),
+        (
+            f"- placement: replicas per host {req.placement.replicas_per_host}, GPUs per "
+            f"replica {req.replica.gpus}, new hosts go to zones {', '.join(req.placement.zones)}"
+        ),
+    ]
+    if req.slo.latency_limit_s is not None:
+        lines.append(f"- SLO: {req.slo.latency} <= {req.slo.latency_limit_s:g} s")
+    if req.recovery.startup_dependencies:
+        lines.append(f"- replacements depend on: {', '.join(req.recovery.startup_dependencies)}")
+    return lines
+
+
+def _recommendation_lines(record: DecisionRecord) -> list[str]:
+    lines = ["", "## Recommendation", "", record.verdict(), ""]
+    costs = record.cost_figures()
+    if costs is not None:
+        total, reserve = costs
+        lines += [f"- monthly cost: {_usd(total.value)} ({total.source})"]
+        lines += [f"- reserve: {_usd(reserve.value)} ({reserve.source})"]
+    lines += [f"- {note}" for note in record.notes]
+    if record.capacity_fit is not None:
+        lines.append(f"- measured capacity: {record.capacity_fit.summary()}")
+    if record.hit_ratio is not None:
+        lines.append(f"- measured cache: {record.hit_ratio.summary()}")
+    return lines
+
+
+def _chain_lines(record: DecisionRecord) -> list[str]:
+    lines = ["", "## Sizing chain", "", "| step | value | source |", "|---|---|---|"]
+    lines += [
+        f"| {step.label} | {step.figure.text()} | {step.figure.source} |"
+        for step in record.fleet.chain.steps
+    ]
+    return lines
+
+
+def _table_lines(record: DecisionRecord) -> list[str]:
+    fleet, table = record.fleet, record.fleet.table
+    unit = table.spec.unit.value
+    lines = [
+        "",
+        f"## Failure table ({unit}, {_losing(table.spec.failure_unit)})",
+        "",
+        (
+            f"Demand {fmt(table.spec.demand_rate)} {unit} ({fleet.chain.demand_rate.source}); "
+            f"one replica {fmt(table.spec.replica_rate)} {unit} "
+            f"({fleet.chain.replica_rate.source}); backlog at failure "
+            f"{fleet.backlog_work.text()} ({fleet.backlog_work.source})."
+        ),
+        "",
+        (
+            "| hosts | replicas | healthy | after 1 replica | after 1 host | after 1 zone "
+            "| max admission | drain after failure | meets | usd/month | reserve usd/month |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    minimum = table.minimum.hosts if table.minimum is not None else None
+    for row in table.rows:
+        drain = "never" if row.drain_s is None else f"{fmt(row.drain_s)} s"
+        meets = "yes" if row.meets_failure else "no"
+        meets += " (minimum)" if row.hosts == minimum else ""
+        lines.append(
+            f"| {row.hosts} | {row.replicas} | {fmt(row.healthy_capacity)} "
+            f"| {fmt(row.after_replica_loss)} | {fmt(row.after_host_loss)} "
+            f"| {fmt(row.after_zone_loss)} | {fmt(row.max_admission)} | {drain} | {meets} "
+            f"| {_cell(row.usd_per_month)} | {_cell(row.reserve_usd_per_month)} |"
+        )
+    if table.infeasible_reason:
+        lines += ["", f"Not met: {table.infeasible_reason}."]
+    return lines
+
+
+def _risk_lines(record: DecisionRecord) -> list[str]:
+    risk = record.risk
+    lines = ["", "## Risk", ""]
+    if risk.riskiest is None:
+        lines.append("No stated range moves the answer and no structural risk was found.")
+    else:
+        lines += [f"Riskiest assumption: `{risk.riskiest.path}`: {risk.riskiest.reason}.", ""]
+        lines += ["Measurement plan that could disprove the answer:", ""]
+        lines += [f"{i}. {step}" for i, step in enumerate(risk.riskiest.measurement_plan, 1)]
+    if risk.flags:
+        lines += ["", "Structural flags:", ""]
+        lines += [f"- {flag.kind.value} (`{flag.path}`): {flag.message}" for flag in risk.flags]
+    if risk.tornado:
+        lines += [
+            "",
+            "| assumption | value | range | replicas at low | replicas at high | swing |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{bar.path}` | {bar.figure.text()} | {fmt(bar.low)} to {fmt(bar.high)} "
+            f"| {_replicas(bar.replicas_at_low)} | {_replicas(bar.replicas_at_high)} "
+            f"| {fmt(bar.swing_replicas)} |"
+            for bar in risk.tornado
+        ]
+    if risk.unranged:
+        names = ", ".join(f"`{path}`" for path in risk.unranged)
+        lines += ["", f"Not perturbed (no range stated): {names}."]
+    return lines
+
+
+def _input_lines(record: DecisionRecord) -> list[str]:
+    lines = ["", "## Inputs", "", "| input | value | range | source |", "|---|---|---|---|"]
+    for path, figure in figures(record.requirement).items():
+        span = ""
+        if figure.low is not None and figure.high is not None:
+            span = f"{fmt(figure.low)} to {fmt(figure.high)}"
+        lines.append(f"| `{path}` | {figure.text()} | {span} | {figure.source} |")
+    return lines
+
+
+def _markdown_lines(record: DecisionRecord) -> list[str]:
+    return [
+        *_requirement_lines(record),
+        *_recommendation_lines(record),
+        *_chain_lines(record),
+        *_table_lines(record),
+        *_risk_lines(record),
+        *_input_lines(record),
+    ]
+
+
+def _losing(unit: FailureUnit) -> str:
+    return "no failure in scope" if unit is FailureUnit.NONE else f"losing one {unit.value}"
+
+
+def _replicas(value: int | None) -> str:
+    return "none meets" if value is None else str(value)
