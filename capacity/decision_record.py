@@ -285,8 +285,9 @@ def _risk_json(risk: RiskAssessment) -> dict[str, Any]:
     }
 
 
-def _cell(value: float | None) -> str:
-    return "never" if value is None else fmt(value)
+def _cost_cell(value: float | None) -> str:
+    # No GPU price was stated: there is no cost to show, which is not "never".
+    return "-" if value is None else fmt(value)
 
 
 def _requirement_lines(record: DecisionRecord) -> list[str]:
@@ -369,7 +370,7 @@ def _table_lines(record: DecisionRecord) -> list[str]:
             f"| {row.hosts} | {row.replicas} | {fmt(row.healthy_capacity)} "
             f"| {fmt(row.after_replica_loss)} | {fmt(row.after_host_loss)} "
             f"| {fmt(row.after_zone_loss)} | {fmt(row.max_admission)} | {drain} | {meets} "
-            f"| {_cell(row.usd_per_month)} | {_cell(row.reserve_usd_per_month)} |"
+            f"| {_cost_cell(row.usd_per_month)} | {_cost_cell(row.reserve_usd_per_month)} |"
         )
     if table.infeasible_reason:
         lines += ["", f"Not met: {table.infeasible_reason}."]

@@ -6,14 +6,30 @@ print exactly one JSON document on stdout; progress and messages go to stderr.
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import asdict
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.markdown import Markdown
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
+from capacity.requirement import RequirementError
+from capacity.worksheet import size as size_worksheet
+from capacity.worksheet import size_from_file
+from collectors.fixture_folder import FixtureError
+from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from collectors.replay import fixture_page_count, replay_fixture
+from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from pipeline.request_sli import GoodputLimits
 from pipeline.store import SchemaTooNewError, Store, StoreError
@@ -165,6 +181,134 @@ def _limit_s(value_ms: float | None, option: str) -> float | None:
     return value_ms / 1000.0
 
 
+def _metric_json(report: MetricIngestReport) -> dict[str, Any]:
+    return {
+        "pages": report.pages,
+        "new_scrapes": report.new_scrapes,
+        "new_points": report.new_points,
+        "stored_samples": report.stored_samples,
+        "unknown_samples": report.unknown_samples,
+        "malformed_lines": [asdict(r) for r in report.line_errors],
+        "failed_scrapes": [asdict(r) for r in report.failed_scrapes],
+    }
+
+
+@ingest_app.command("metrics")
+def ingest_metrics(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="One exposition page (Prometheus text 0.0.4 or OpenMetrics); .gz is read as is.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
+    target: Annotated[str, typer.Option(help="Name of the target the page came from.")],
+    at: Annotated[str, typer.Option(help="When it was scraped (ISO 8601 or Unix s).")],
+    kind: Annotated[TargetKind, typer.Option(help="What serves the page.")] = TargetKind.VLLM,
+    replica: Annotated[str | None, typer.Option(help="Replica the target speaks for.")] = None,
+    host: Annotated[str | None, typer.Option(help="Host of the target.")] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone of the host.")] = None,
+    keep_uncatalogued: Annotated[
+        bool, typer.Option(help="Store families no catalogue knows too (default: count them).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Store one exposition page as one scrape of TARGET at the given time.
+
+    Malformed lines are reported with their line numbers and left out; every other sample of
+    the page is stored. Storing the same scrape again changes nothing.
+    """
+    scrape_ts = _instant(at, "--at")
+    assert scrape_ts is not None
+    raw = file.read_bytes()
+    try:
+        body = (gzip.decompress(raw) if file.suffix == ".gz" else raw).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise fail(f"{file}: cannot read the page: {exc}", code=EXIT_BAD_INPUT) from exc
+    page_target = Target(
+        target_id=target, kind=kind, url=f"file:{file}", replica=replica, host=host, zone=zone
+    )
+    with open_store() as store:
+        report = ingest_pages(
+            [Page(page_target, scrape_ts, body)], store=store, keep_uncatalogued=keep_uncatalogued
+        )
+    if as_json:
+        print_json(_metric_json(report))
+    else:
+        out_console.print(
+            f"{report.stored_samples} samples stored ({report.new_points} new points), "
+            f"{report.unknown_samples} from uncatalogued families counted, "
+            f"{len(report.line_errors)} malformed line(s)",
+            highlight=False,
+        )
+    for reject in report.line_errors:
+        err_console.print(f"[yellow]malformed[/] {reject}", highlight=False)
+
+
+@app.command()
+def replay(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            help="A fixture folder (manifest.json, pages/, spans) from the emulator or record.",
+            exists=True,
+            file_okay=False,
+        ),
+    ],
+    keep_uncatalogued: Annotated[
+        bool, typer.Option(help="Store families no catalogue knows too (default: count them).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay a recorded fixture into the store: its spans and every page, scrape by scrape.
+
+    Replaying the same folder twice leaves the same tables. A target without a page at a scrape
+    time is recorded as a failed scrape, as a live scrape of a dead target would be.
+    """
+    try:
+        total = fixture_page_count(folder)
+    except FixtureError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    with (
+        open_store() as store,
+        Progress(
+            TextColumn("replay pages"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress,
+    ):
+        task = progress.add_task("replay", total=total)
+        report = replay_fixture(
+            folder,
+            store=store,
+            keep_uncatalogued=keep_uncatalogued,
+            on_pages=lambda n: progress.advance(task, n),
+        )
+    document = {
+        "fixture": str(folder),
+        "emulated": report.fixture.emulated,
+        "traces": _ingest_json(report.traces),
+        "metrics": _metric_json(report.metrics),
+    }
+    if as_json:
+        print_json(document)
+        return
+    metrics = report.metrics
+    out_console.print(
+        f"{folder}{' (emulated)' if report.fixture.emulated else ''}: "
+        f"{report.traces.new_requests} new requests from {report.traces.spans} spans; "
+        f"{metrics.new_scrapes} new scrapes of {metrics.pages} pages, {metrics.new_points} new "
+        f"points, {len(metrics.failed_scrapes)} failed scrapes, "
+        f"{len(metrics.line_errors)} malformed lines",
+        highlight=False,
+    )
+
+
 @app.command()
 def sli(
     from_: Annotated[
@@ -225,6 +369,86 @@ def sli(
             out_console.print(sli_series_table(report))
     if report["overall"]["requests"] == 0:
         err_console.print(f"no requests in {state.db} for this window: ingest traces first")
+
+
+@app.command()
+def size(
+    demand_req_per_min: Annotated[
+        float | None, typer.Option(help="Peak demand the fleet must carry, requests/min.")
+    ] = None,
+    capacity_req_per_min: Annotated[
+        float | None, typer.Option(help="One replica's capacity at the SLO, requests/min.")
+    ] = None,
+    failure_unit: Annotated[
+        str, typer.Option(help="What the fleet must survive losing: replica, host or zone.")
+    ] = "host",
+    replicas_per_host: Annotated[int, typer.Option(help="Replicas placed on each host.")] = 1,
+    zones: Annotated[int, typer.Option(help="Zones the hosts are spread over.")] = 1,
+    headroom: Annotated[float, typer.Option(help="Headroom on top of demand, e.g. 0.2.")] = 0.0,
+    gpus_per_replica: Annotated[int, typer.Option(help="GPUs one replica uses.")] = 1,
+    usd_per_gpu_hour: Annotated[float | None, typer.Option(help="Price of a GPU-hour.")] = None,
+    hours_per_month: Annotated[float | None, typer.Option(help="Hours billed a month.")] = None,
+    recovery_interval_s: Annotated[
+        float | None, typer.Option(help="Time after a failure when no replacement counts.")
+    ] = None,
+    backlog_requests: Annotated[
+        float | None, typer.Option(help="Requests queued when the failure hits.")
+    ] = None,
+    replacement_startup_s: Annotated[
+        float | None, typer.Option(help="Cold start of a replacement replica, seconds.")
+    ] = None,
+    startup_dependency: Annotated[
+        list[str] | None,
+        typer.Option(help="A service a replacement needs to start (repeatable)."),
+    ] = None,
+    hosts: Annotated[
+        list[int] | None, typer.Option(help="Candidate host counts to tabulate (repeatable).")
+    ] = None,
+    requirement: Annotated[
+        Path | None,
+        typer.Option(help="A requirement TOML file instead of the options (docs/capacity.md)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fleet size from stated assumptions: the sizing chain, failure table, cost and risk.
+
+    Arithmetic only, no data: the same decision record `recommend` writes from measurements.
+    Reproduces the seeds' worked examples, e.g. `--demand-req-per-min 120
+    --capacity-req-per-min 40 --replicas-per-host 2 --failure-unit host`.
+    """
+    now = datetime.now(UTC)
+    try:
+        if requirement is not None:
+            record = size_from_file(requirement, now=now)
+        else:
+            if demand_req_per_min is None or capacity_req_per_min is None:
+                raise fail(
+                    "give --demand-req-per-min and --capacity-req-per-min, or --requirement FILE",
+                    code=EXIT_BAD_INPUT,
+                )
+            record = size_worksheet(
+                now=now,
+                demand_req_per_min=demand_req_per_min,
+                capacity_req_per_min=capacity_req_per_min,
+                failure_unit=failure_unit,
+                replicas_per_host=replicas_per_host,
+                zones=zones,
+                headroom_ratio=headroom,
+                gpus_per_replica=gpus_per_replica,
+                usd_per_gpu_hour=usd_per_gpu_hour,
+                hours_per_month=hours_per_month,
+                recovery_interval_s=recovery_interval_s,
+                backlog_requests=backlog_requests,
+                replacement_startup_s=replacement_startup_s,
+                startup_dependencies=startup_dependency or (),
+                hosts=hosts or (),
+            )
+    except RequirementError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    if as_json:
+        print_json(record.to_json())
+    else:
+        out_console.print(Markdown(record.to_markdown()))
 
 
 @app.command()

@@ -106,3 +106,25 @@ def test_demo_with_a_missing_fixture_exits_2(runner: CliRunner, tmp_path: Path) 
     result = runner.invoke(app, ["demo", "--out", str(tmp_path), "--fixture", str(tmp_path / "no")])
     assert result.exit_code == 2
     assert "does not exist" in result.stderr
+
+
+def test_size_reproduces_the_seed_host_table(runner: CliRunner) -> None:
+    args = ["--demand-req-per-min", "120", "--capacity-req-per-min", "40"]
+    args += ["--replicas-per-host", "2", "--failure-unit", "host", "--json"]
+    result = runner.invoke(app, ["size", *args])
+    assert result.exit_code == 0, result.output
+    table = json.loads(result.stdout)["failure_table"]
+    rows = {row["hosts"]: row for row in table["rows"]}
+    assert [(rows[h]["healthy_capacity"], rows[h]["after_host_loss"]) for h in (2, 3, 4)] == [
+        (160, 80),
+        (240, 160),
+        (320, 240),
+    ]
+    assert table["minimum_hosts"] == 3
+    assert rows[3]["max_admission"] == 160
+
+
+def test_size_without_demand_is_a_usage_error(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["size", "--capacity-req-per-min", "40"])
+    assert result.exit_code == 2
+    assert "--demand-req-per-min" in result.stderr
