@@ -27,6 +27,7 @@ from pipeline.tables import (
     SERIES_SCHEMA,
     SLO_MINUTES_SCHEMA,
     TARGETS_SCHEMA,
+    UNKNOWN_FAMILIES_SCHEMA,
 )
 
 IN_MEMORY = ":memory:"
@@ -180,6 +181,26 @@ MIGRATIONS += (
                 watermark_ts TIMESTAMP,
                 fingerprint  VARCHAR NOT NULL,
                 updated_ts   TIMESTAMP NOT NULL
+            )
+            """,
+        ),
+    ),
+)
+
+MIGRATIONS += (
+    Migration(
+        version=3,
+        description="series.source (engine, router, dcgm) and unknown_families",
+        statements=(
+            "ALTER TABLE series ADD COLUMN source VARCHAR",
+            """
+            CREATE TABLE unknown_families (
+                target_id    VARCHAR NOT NULL,
+                family       VARCHAR NOT NULL,
+                samples      BIGINT NOT NULL,
+                first_seen_ts TIMESTAMP NOT NULL,
+                last_seen_ts  TIMESTAMP NOT NULL,
+                PRIMARY KEY (target_id, family)
             )
             """,
         ),
@@ -371,12 +392,13 @@ class Store:
             )
             self._con.execute(
                 """
-                INSERT INTO series (series_id, target_id, signal, metric, labels)
+                INSERT INTO series (series_id, target_id, signal, metric, labels, source)
                 SELECT (SELECT coalesce(max(series_id), 0) FROM series)
                            + row_number() OVER (ORDER BY target_id, metric, labels),
-                       target_id, signal, metric, labels
+                       target_id, signal, metric, labels, source
                 FROM (
-                    SELECT target_id, metric, labels, any_value(signal) AS signal
+                    SELECT target_id, metric, labels, any_value(signal) AS signal,
+                           any_value(source) AS source
                     FROM new_samples n
                     WHERE NOT EXISTS (
                         SELECT 1 FROM series s WHERE s.target_id = n.target_id
@@ -408,6 +430,32 @@ class Store:
             self._con.unregister("incoming_scrapes")
             self._con.unregister("incoming_samples")
         return (self.count("scrapes") - scrapes_before, self.count("points") - points_before)
+
+    def count_unknown_families(self, frame: pl.DataFrame) -> None:
+        """Add to the per-target tally of sample families no catalogue knows."""
+        _check_schema("unknown_families", frame, UNKNOWN_FAMILIES_SCHEMA)
+        if frame.height == 0:
+            return
+        self._con.register("incoming_unknown", frame.to_arrow())
+        try:
+            self._con.execute(
+                f"""
+                INSERT INTO unknown_families ({_column_list(UNKNOWN_FAMILIES_SCHEMA)})
+                SELECT {_column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM incoming_unknown
+                ON CONFLICT (target_id, family) DO UPDATE SET
+                    samples = unknown_families.samples + excluded.samples,
+                    first_seen_ts = least(unknown_families.first_seen_ts, excluded.first_seen_ts),
+                    last_seen_ts = greatest(unknown_families.last_seen_ts, excluded.last_seen_ts)
+                """
+            )
+        finally:
+            self._con.unregister("incoming_unknown")
+
+    def read_unknown_families(self) -> pl.LazyFrame:
+        return self._read(
+            f"SELECT {_column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM unknown_families "
+            "ORDER BY target_id, family"
+        )
 
     def read_targets(self) -> pl.LazyFrame:
         return self._read(f"SELECT {_column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id")

@@ -88,6 +88,7 @@ SAMPLES_SCHEMA = pl.Schema(
         "metric": pl.String(),
         "labels": pl.String(),
         "signal": pl.String(),
+        "source": pl.String(),
         "value": pl.Float64(),
     }
 )
@@ -99,6 +100,17 @@ SERIES_SCHEMA = pl.Schema(
         "signal": pl.String(),
         "metric": pl.String(),
         "labels": pl.String(),
+        "source": pl.String(),
+    }
+)
+
+UNKNOWN_FAMILIES_SCHEMA = pl.Schema(
+    {
+        "target_id": pl.String(),
+        "family": pl.String(),
+        "samples": pl.Int64(),
+        "first_seen_ts": TIMESTAMP,
+        "last_seen_ts": TIMESTAMP,
     }
 )
 

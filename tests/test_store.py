@@ -20,6 +20,7 @@ from pipeline.tables import (
     SERIES_SCHEMA,
     SLO_MINUTES_SCHEMA,
     TARGETS_SCHEMA,
+    UNKNOWN_FAMILIES_SCHEMA,
 )
 
 RAW_TABLES = ("targets", "scrapes", "series", "points", "requests", "ingest_errors")
@@ -76,6 +77,7 @@ def test_new_store_has_raw_tables_at_latest_version(store: Store) -> None:
         ("points", POINTS_SCHEMA),
         ("request_minutes", REQUEST_MINUTES_SCHEMA),
         ("slo_minutes", SLO_MINUTES_SCHEMA),
+        ("unknown_families", UNKNOWN_FAMILIES_SCHEMA),
     ],
 )
 def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Schema) -> None:
@@ -158,7 +160,7 @@ def scrape_batch(
         schema=SCRAPES_SCHEMA,
     )
     rows = [
-        (target, ts, ts, metric, '{"engine":"0"}', "sig", float(i))
+        (target, ts, ts, metric, '{"engine":"0"}', "sig", "vllm_engine", float(i))
         for i, ts in enumerate(ts_list)
         for metric in ("vllm:num_requests_running", "vllm:num_requests_waiting")
     ]

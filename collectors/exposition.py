@@ -1,0 +1,690 @@
+"""Prometheus exposition pages (text format 0.0.4 and OpenMetrics 1.0) parsed into columns.
+
+This module owns the exposition grammar: what a sample line, a label set, a value, a timestamp
+and a metadata line (`# HELP`, `# TYPE`, `# UNIT`, `# EOF`) may look like, and the columnar
+form a page takes on its way to the store: parallel lists of metric name, canonical labels
+(sorted-key JSON, see `canonical_labels`), value and timestamp in milliseconds.
+
+A malformed line never costs the rest of the page: it becomes a `LineError` with its 1-based
+line number and every well-formed sample is still returned. `_created` samples are counted and
+left out, because they hold a creation time, not a measurement.
+
+Speed: a page is first read by a fast path that cuts lines with `str.find` and checks names,
+label sets and values in bulk, parsing each distinct label set once (`SeriesCache`). Any page the
+fast path cannot vouch for is read again, line by line, by `parse_sample_line`, the reference
+grammar, which also words the errors; both paths give the same result for any page the fast
+path accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import orjson
+import polars as pl
+
+NAME_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
+CREATED_SUFFIX = "_created"
+
+SAMPLES_SCHEMA = pl.Schema(
+    {
+        "metric": pl.String(),
+        "labels": pl.String(),
+        "value": pl.Float64(),
+        "timestamp_ms": pl.Int64(),
+    }
+)
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
+# One `name="value"` pair and what ends it: a comma or the end of the label set. Whitespace
+# around tokens is tolerated, as Prometheus's own text parser does.
+_PAIR_RE = re.compile(
+    r"[ \t]*+(" + LABEL_NAME_PATTERN + r')[ \t]*+=[ \t]*+"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t]*+(,|$)'
+)
+_QUOTED = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_PAIR_TEXT = LABEL_NAME_PATTERN + r"[ \t]*+=[ \t]*+" + _QUOTED
+# A whole well-formed label set, checked in one call; pairs are then read with findall.
+_LABEL_SET_RE = re.compile(
+    r"[ \t]*+(?:" + _PAIR_TEXT + r"[ \t]*+,[ \t]*+)*+(?:" + _PAIR_TEXT + r"[ \t]*+)?+"
+)
+_PAIR_FIND_RE = re.compile(
+    "(" + LABEL_NAME_PATTERN + r')[ \t]*+=[ \t]*+"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
+)
+_LABEL_ESCAPE_RE = re.compile(r'\\([\\"n])')
+_TEXT_HELP_ESCAPE_RE = re.compile(r"\\([\\n])")
+_UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
+# A label set from `{` to its `}`: braces inside quoted values do not end it.
+_BLOCK_RE = re.compile(r'\{((?:[^"}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+)\}')
+_VALUE_RE = re.compile(
+    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
+)
+_TEXT_TIMESTAMP_RE = re.compile(r"-?[0-9]+")
+_OM_TIMESTAMP_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+VALUE_RULE = "a decimal or exponent number, NaN, +Inf or -Inf"
+
+
+class ExpositionFormat(Enum):
+    """The two exposition formats; values are the media types a scraper sends in Accept."""
+
+    TEXT = "text/plain; version=0.0.4"
+    OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+class MetricType(Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+    SUMMARY = "summary"
+    UNTYPED = "untyped"
+    UNKNOWN = "unknown"
+    GAUGEHISTOGRAM = "gaugehistogram"
+    STATESET = "stateset"
+    INFO = "info"
+
+
+_TYPES = {t.value: t for t in MetricType}
+_TYPE_RULE = ", ".join(sorted(_TYPES))
+# Which sample-name suffixes belong to a family of which type (`family_of`).
+_SUFFIX_TYPES: tuple[tuple[str, frozenset[MetricType]], ...] = (
+    ("_total", frozenset({MetricType.COUNTER})),
+    ("_bucket", frozenset({MetricType.HISTOGRAM, MetricType.GAUGEHISTOGRAM})),
+    ("_count", frozenset({MetricType.HISTOGRAM, MetricType.SUMMARY})),
+    ("_sum", frozenset({MetricType.HISTOGRAM, MetricType.SUMMARY})),
+    ("_gcount", frozenset({MetricType.GAUGEHISTOGRAM})),
+    ("_gsum", frozenset({MetricType.GAUGEHISTOGRAM})),
+    ("_info", frozenset({MetricType.INFO})),
+    (CREATED_SUFFIX, frozenset({MetricType.COUNTER, MetricType.HISTOGRAM, MetricType.SUMMARY})),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """What a page's metadata lines said about one metric family; None where it said nothing."""
+
+    name: str
+    type: MetricType | None = None
+    help: str | None = None
+    unit: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """A line that could not be read: its 1-based number, what was wrong, and the line."""
+
+    line: int
+    message: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+class ExpositionLineError(ValueError):
+    """One line breaks the exposition grammar; the message says what and what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    metric: str
+    labels: dict[str, str]
+    value: float
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedPage:
+    """One page as columns (index i of each list is one sample), plus what the page declared.
+
+    `labels` holds canonical JSON strings (`canonical_labels`); `timestamp_ms` is None for
+    samples the page gave no timestamp. `errors` lists the lines that were left out.
+    """
+
+    format: ExpositionFormat
+    metric: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)
+    timestamp_ms: list[int | None] = field(default_factory=list)
+    families: dict[str, Family] = field(default_factory=dict)
+    errors: list[LineError] = field(default_factory=list)
+    skipped_created: int = 0
+
+    def __len__(self) -> int:
+        return len(self.metric)
+
+    def frame(self) -> pl.DataFrame:
+        """The samples as a DataFrame with `SAMPLES_SCHEMA`."""
+        return pl.DataFrame(
+            {
+                "metric": self.metric,
+                "labels": self.labels,
+                "value": self.value,
+                "timestamp_ms": self.timestamp_ms,
+            },
+            schema=SAMPLES_SCHEMA,
+        )
+
+    def family_of(self, metric: str) -> Family | None:
+        """The declared family a sample name belongs to (`x_bucket` to histogram `x`), if any."""
+        family = self.families.get(metric)
+        if family is not None:
+            return family
+        for suffix, types in _SUFFIX_TYPES:
+            if metric.endswith(suffix):
+                family = self.families.get(metric[: -len(suffix)])
+                if family is not None and family.type in types:
+                    return family
+        return None
+
+
+class SeriesCache:
+    """Series keys, label sets and metadata already read, so each distinct one is parsed once.
+
+    A page repeats its label sets (every histogram shares its `le` sets, every series of a
+    replica its model and engine labels); the pages of replicas serving one model, and the
+    scrapes of one target, repeat whole series keys (the text before the value) and metadata.
+    Sharing a cache across the pages of a batch, or across the scrapes of a target, saves that
+    work. It is cleared when it grows past `max_entries`, so churning series cannot grow it
+    without bound.
+    """
+
+    __slots__ = (
+        "blocks",
+        "created",
+        "families",
+        "malformed",
+        "max_entries",
+        "series_labels",
+        "series_names",
+    )
+
+    def __init__(self, *, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        # Series key ('name{labels', the text before the closing brace) -> canonical labels
+        # and -> metric name, for well-formed keys; malformed keys are only remembered.
+        self.series_labels: dict[str, str] = {}
+        self.series_names: dict[str, str] = {}
+        self.malformed: set[str] = set()
+        self.created: set[str] = set()  # the keys of `_created` samples
+        self.blocks: dict[str, str | None] = {}  # label-set text -> canonical labels or None
+        # All metadata lines of a page, joined, (prefixed by format) -> the families declared.
+        self.families: dict[str, dict[str, Family]] = {}
+
+    def trim(self) -> None:
+        size = len(self.series_labels) + len(self.malformed) + len(self.blocks)
+        if size + len(self.families) > self.max_entries:
+            for table in (self.series_labels, self.series_names, self.blocks, self.families):
+                table.clear()
+            self.malformed.clear()
+            self.created.clear()
+
+
+def canonical_labels(labels: Mapping[str, str]) -> str:
+    """The store's spelling of a label set: compact JSON, keys sorted, UTF-8 unescaped."""
+    return orjson.dumps(labels, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _unescape_label_value(raw: str) -> str:
+    # Only \\, \" and \n are escapes; any other backslash stays as written, as in Prometheus.
+    return _LABEL_ESCAPE_RE.sub(lambda m: _UNESCAPED[m.group(1)], raw)
+
+
+def parse_labels(block: str) -> dict[str, str]:
+    """The label set written between `{` and `}` (braces excluded), values unescaped.
+
+    Raises ExpositionLineError naming the offending label and the column within `block`.
+    """
+    if _LABEL_SET_RE.fullmatch(block) is None:
+        return _parse_labels_stepwise(block)  # raises, saying where and why
+    pairs = _PAIR_FIND_RE.findall(block)
+    labels = dict(pairs)
+    if len(labels) != len(pairs) or "__name__" in labels:
+        return _parse_labels_stepwise(block)
+    if "\\" in block:
+        return {
+            name: _unescape_label_value(raw) if "\\" in raw else raw for name, raw in labels.items()
+        }
+    return labels
+
+
+def _parse_labels_stepwise(block: str) -> dict[str, str]:
+    """parse_labels one pair at a time, to say precisely what is wrong where."""
+    labels: dict[str, str] = {}
+    pos, end = 0, len(block)
+    while pos < end:
+        match = _PAIR_RE.match(block, pos)
+        if match is None:
+            if not block[pos:].strip():
+                break
+            raise ExpositionLineError(_label_problem(block, pos))
+        name, raw, separator = match.groups()
+        if name in labels:
+            raise ExpositionLineError(f"label {name!r} appears twice in one label set")
+        if name == "__name__":
+            raise ExpositionLineError("the metric name must precede the braces, not be __name__")
+        labels[name] = _unescape_label_value(raw) if "\\" in raw else raw
+        pos = match.end()
+        if not separator:
+            break
+    return labels
+
+
+def _label_problem(block: str, pos: int) -> str:
+    """Why the label pair starting at `pos` does not parse (the error path only)."""
+    rest = block[pos:].lstrip(" \t")
+    column = len(block) - len(rest) + 1
+    where = f"in the label set at column {column}"
+    name = _LABEL_NAME_RE.match(rest)
+    if name is None:
+        found = rest[:1]
+        return f"expected a label name matching {LABEL_NAME_PATTERN} {where}, found {found!r}"
+    after = rest[name.end() :].lstrip(" \t")
+    if not after.startswith("="):
+        return f"expected '=' after label name {name.group()!r} {where}"
+    value = after[1:].lstrip(" \t")
+    if not value.startswith('"'):
+        return f"the value of label {name.group()!r} must be in double quotes {where}"
+    closed = re.match(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"', value)
+    if closed is None:
+        return f"the value of label {name.group()!r} has no closing quote {where}"
+    return f"expected ',' or '}}' after the value of label {name.group()!r} {where}"
+
+
+def parse_value(token: str) -> float:
+    """A sample value: decimal or exponent notation, NaN, +Inf, -Inf (any case)."""
+    if _VALUE_RE.fullmatch(token) is None:
+        raise ExpositionLineError(f"value {token!r} is not a number: allowed is {VALUE_RULE}")
+    return float(token)
+
+
+def parse_timestamp_ms(token: str, *, openmetrics: bool) -> int:
+    """A sample timestamp in milliseconds: text format writes integer milliseconds, OpenMetrics
+    seconds with an optional fraction (rounded here to the nearest millisecond)."""
+    if openmetrics:
+        if _OM_TIMESTAMP_RE.fullmatch(token) is None:
+            raise ExpositionLineError(
+                f"timestamp {token!r} is not a number of seconds (OpenMetrics timestamps are "
+                "decimal seconds such as 1700000000.123)"
+            )
+        return round(float(token) * 1000)
+    if _TEXT_TIMESTAMP_RE.fullmatch(token) is None:
+        raise ExpositionLineError(
+            f"timestamp {token!r} is not an integer: text format timestamps are "
+            "milliseconds since the epoch"
+        )
+    return int(token)
+
+
+def _split_exemplar(rest: str) -> str:
+    """The value part of an OpenMetrics sample; an exemplar after ` # ` is checked, dropped."""
+    value_part, _, exemplar = rest.partition("#")
+    text = exemplar.strip()
+    block = _BLOCK_RE.match(text)
+    tokens = text[block.end() :].split() if block else []
+    if block is None or not 1 <= len(tokens) <= 2:
+        raise ExpositionLineError(
+            "malformed exemplar: expected '# {labels} value [timestamp]' after the value"
+        )
+    parse_labels(block.group(1))
+    parse_value(tokens[0])
+    if len(tokens) == 2:
+        parse_timestamp_ms(tokens[1], openmetrics=True)
+    return value_part
+
+
+def parse_sample_line(line: str, *, openmetrics: bool = False) -> Sample:
+    """One sample line, by the reference grammar; raises ExpositionLineError if malformed."""
+    text = line.strip()
+    name_match = _NAME_RE.match(text)
+    if name_match is None:
+        if text.startswith("{"):
+            raise ExpositionLineError("the line has no metric name before '{'")
+        raise ExpositionLineError(
+            f"expected a metric name matching {NAME_PATTERN}, found {text[:1]!r}"
+        )
+    name = name_match.group()
+    pos = name_match.end()
+    while pos < len(text) and text[pos] in " \t":
+        pos += 1
+    labels: dict[str, str] = {}
+    if text.startswith("{", pos):
+        block = _BLOCK_RE.match(text, pos)
+        if block is None:
+            raise ExpositionLineError(_unclosed_block(text, pos))
+        try:
+            labels = parse_labels(block.group(1))
+        except ExpositionLineError as exc:
+            raise ExpositionLineError(f"{exc} (label set starts at column {pos + 1})") from exc
+        pos = block.end()
+    elif pos == name_match.end() and pos < len(text):
+        raise ExpositionLineError(
+            f"metric name {name!r} is followed by {text[pos]!r}: names match {NAME_PATTERN}"
+        )
+    rest = text[pos:]
+    if openmetrics and "#" in rest:
+        rest = _split_exemplar(rest)
+    tokens = rest.split()
+    if not tokens:
+        raise ExpositionLineError(f"sample {name!r} has no value")
+    if len(tokens) > 2:
+        raise ExpositionLineError(
+            f"unexpected {tokens[2]!r} after the timestamp: a sample is "
+            "'name{labels} value [timestamp]'"
+        )
+    value = parse_value(tokens[0])
+    timestamp_ms = (
+        parse_timestamp_ms(tokens[1], openmetrics=openmetrics) if len(tokens) == 2 else None
+    )
+    return Sample(name, labels, value, timestamp_ms)
+
+
+def _unclosed_block(text: str, pos: int) -> str:
+    quotes = 0
+    escaped = False
+    for char in text[pos:]:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = quotes % 2 == 1
+        elif char == '"':
+            quotes += 1
+    if quotes % 2:
+        return f"a label value in the label set at column {pos + 1} has no closing quote"
+    return f"the label set opened at column {pos + 1} has no closing '}}'"
+
+
+def detect_format(text: str) -> ExpositionFormat:
+    """OpenMetrics if the page ends with the `# EOF` line that format requires, else text."""
+    tail = text.rstrip()
+    if tail == "# EOF" or tail.endswith("\n# EOF"):
+        return ExpositionFormat.OPENMETRICS
+    return ExpositionFormat.TEXT
+
+
+# A metadata line as (keyword, metric name, text): TYPE carries the type, HELP the unescaped
+# help, UNIT the unit; ("EOF", "", "") is the OpenMetrics end marker.
+Declaration = tuple[str, str, str]
+_EOF: Declaration = ("EOF", "", "")
+
+
+def parse_declaration(line: str, *, openmetrics: bool) -> Declaration | None:
+    """A `#` line as a Declaration, or None for a plain comment.
+
+    Raises ExpositionLineError for a HELP, TYPE or UNIT line that is malformed.
+    """
+    parts = line.split(None, 3)
+    if len(parts) < 2 or parts[0] != "#":
+        return None
+    keyword = parts[1]
+    if keyword == "EOF" and len(parts) == 2:
+        return _EOF
+    if keyword not in {"HELP", "TYPE"} and not (openmetrics and keyword == "UNIT"):
+        return None
+    if len(parts) < 3:
+        raise ExpositionLineError(f"# {keyword} line names no metric")
+    name = parts[2]
+    if _NAME_RE.fullmatch(name) is None:
+        raise ExpositionLineError(
+            f"# {keyword} names {name!r}, which is not a metric name ({NAME_PATTERN})"
+        )
+    text = parts[3].strip() if len(parts) == 4 else ""
+    if keyword == "TYPE" and text not in _TYPES:
+        raise ExpositionLineError(f"# TYPE {name} gives type {text!r}; allowed are {_TYPE_RULE}")
+    if keyword == "HELP" and "\\" in text:
+        pattern = _LABEL_ESCAPE_RE if openmetrics else _TEXT_HELP_ESCAPE_RE
+        text = pattern.sub(lambda m: _UNESCAPED[m.group(1)], text)
+    return keyword, name, text
+
+
+class _Families:
+    """The families a page declares, gathered from its declarations in page order."""
+
+    __slots__ = ("declared",)
+
+    def __init__(self) -> None:
+        self.declared: dict[str, dict[str, str]] = {}
+
+    def add(self, declaration: Declaration) -> None:
+        keyword, name, text = declaration
+        fields = self.declared.setdefault(name, {})
+        if keyword == "TYPE" and "TYPE" in fields:
+            raise ExpositionLineError(f"second # TYPE line for {name}; the first one is kept")
+        fields[keyword] = text
+
+    def families(self) -> dict[str, Family]:
+        return {
+            name: Family(
+                name,
+                _TYPES[fields["TYPE"]] if "TYPE" in fields else None,
+                fields.get("HELP"),
+                fields.get("UNIT"),
+            )
+            for name, fields in self.declared.items()
+        }
+
+
+def parse_exposition(
+    text: str, *, openmetrics: bool | None = None, cache: SeriesCache | None = None
+) -> ParsedPage:
+    """Parse one page. `openmetrics=None` decides by the page (`detect_format`).
+
+    Never raises for bad input: malformed lines are reported in `errors` and skipped. A cache
+    shared between calls makes repeated series cheaper; results are the same without it.
+    """
+    fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
+    cache = SeriesCache() if cache is None else cache
+    page = _fast_page(text, fmt, cache)
+    if page is None:
+        page = _careful_page(text, fmt)
+    cache.trim()
+    return page
+
+
+def _format(openmetrics: bool) -> ExpositionFormat:
+    return ExpositionFormat.OPENMETRICS if openmetrics else ExpositionFormat.TEXT
+
+
+def _fast_page(text: str, fmt: ExpositionFormat, cache: SeriesCache) -> ParsedPage | None:
+    """The page if every line is plainly well formed, else None (the careful path decides)."""
+    openmetrics = fmt is ExpositionFormat.OPENMETRICS
+    if openmetrics:
+        body, eof, tail = text.rpartition("# EOF")
+        if not eof or tail.strip() or not (body == "" or body.endswith("\n")):
+            return None
+        text = body
+    lines = list(filter(None, text.split("\n")))
+    families = _fast_families(
+        [line for line in lines if line[0] == "#"], openmetrics=openmetrics, cache=cache
+    )
+    rows = _cut_samples([line for line in lines if line[0] != "#"])
+    if families is None or rows is None:
+        return None
+    keys, rests = rows
+    distinct = set(keys)
+    _learn_series(distinct.difference(cache.series_labels, cache.malformed), cache)
+    if not distinct.isdisjoint(cache.malformed):
+        return None
+    skipped = 0
+    created = distinct & cache.created
+    if created:
+        keep = list(map(operator.not_, map(created.__contains__, keys)))
+        skipped = len(keys) - sum(keep)
+        keys = list(itertools.compress(keys, keep))
+        rests = list(itertools.compress(rests, keep))
+    columns = _values(rests, openmetrics=openmetrics)
+    if columns is None:
+        return None
+    return ParsedPage(
+        format=fmt,
+        metric=list(map(cache.series_names.__getitem__, keys)),
+        labels=list(map(cache.series_labels.__getitem__, keys)),
+        value=columns[0],
+        timestamp_ms=columns[1],
+        families=families,
+        skipped_created=skipped,
+    )
+
+
+def _fast_families(
+    comments: list[str], *, openmetrics: bool, cache: SeriesCache
+) -> dict[str, Family] | None:
+    """The families the page declares; None if a metadata line is malformed or misplaced."""
+    key = ("1" if openmetrics else "0") + "\n".join(comments)
+    known = cache.families.get(key)
+    if known is not None:
+        return dict(known)
+    families = _Families()
+    try:
+        for comment in comments:
+            declaration = parse_declaration(comment, openmetrics=openmetrics)
+            if declaration is _EOF:
+                if openmetrics:
+                    return None  # an EOF before the end of the page
+            elif declaration is not None:
+                families.add(declaration)
+    except ExpositionLineError:
+        return None
+    found = families.families()
+    cache.families[key] = found
+    return dict(found)
+
+
+def _cut_samples(samples: list[str]) -> tuple[list[str], list[str]] | None:
+    """Each sample line cut into its series key (up to the last `}`) and the rest.
+
+    An exemplar or a stray brace ends up inside the key, which then does not parse, and the
+    careful path takes over. A line without labels gets the key 'name{', as if it had `{}`.
+    """
+    if not samples:
+        return [], []
+    heads, closed, tails = zip(*[line.rpartition("}") for line in samples], strict=True)
+    keys, rests = list(heads), list(tails)
+    if "" in closed:  # samples without labels: 'name value [timestamp]'
+        for i in [i for i, brace in enumerate(closed) if not brace]:
+            name, _, rest = rests[i].partition(" ")
+            if "{" in name:
+                return None
+            keys[i], rests[i] = name + "{", rest
+    return keys, rests
+
+
+def _learn_series(keys: set[str], cache: SeriesCache) -> None:
+    """Parse series keys not seen before; each distinct label set and name is checked once."""
+    if not keys:
+        return
+    new = list(keys)
+    names, braces, blocks = zip(*[key.partition("{") for key in new], strict=True)
+    known_blocks = cache.blocks
+    for block in set(blocks).difference(known_blocks):
+        try:
+            known_blocks[block] = canonical_labels(parse_labels(block))
+        except (ExpositionLineError, orjson.JSONEncodeError):
+            known_blocks[block] = None
+    bad_names = {name for name in set(names) if _NAME_RE.fullmatch(name) is None}
+    for key, name, brace, block in zip(new, names, braces, blocks, strict=True):
+        labels = known_blocks[block]
+        if labels is None or not brace or name in bad_names:
+            cache.malformed.add(key)
+            continue
+        cache.series_labels[key] = labels
+        cache.series_names[key] = name
+        if name.endswith(CREATED_SUFFIX):
+            cache.created.add(key)
+
+
+def _values(rests: list[str], *, openmetrics: bool) -> tuple[list[float], list[int | None]] | None:
+    """Values and timestamps of the text after each label set, or None if any is unusual."""
+    joined = "".join(rests)
+    # float() would also take digit separators and non-ASCII digits; the grammar does not.
+    if "_" in joined or not joined.isascii() or (openmetrics and "#" in joined):
+        return None
+    try:
+        # The common page has no timestamps: float() reads ' 12.5' whole, in one C loop.
+        no_timestamps: list[int | None] = [None] * len(rests)
+        return list(map(float, rests)), no_timestamps
+    except ValueError:
+        pass
+    values: list[float] = []
+    timestamps: list[int | None] = []
+    for rest in rests:
+        tokens = rest.split()
+        try:
+            if len(tokens) == 1:
+                values.append(float(tokens[0]))
+                timestamps.append(None)
+            elif len(tokens) == 2:
+                values.append(float(tokens[0]))
+                timestamps.append(parse_timestamp_ms(tokens[1], openmetrics=openmetrics))
+            else:
+                return None
+        except ValueError:  # ExpositionLineError included
+            return None
+    return values, timestamps
+
+
+def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:
+    """Every line by the reference grammar, with line numbers; slower, never wrong-footed."""
+    openmetrics = fmt is ExpositionFormat.OPENMETRICS
+    page = ParsedPage(format=fmt)
+    families = _Families()
+    skipped = 0
+    eof_line = 0
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if eof_line:
+            ignored = sum(1 for rest in lines[number - 1 :] if rest.strip())
+            message = (
+                f"text after '# EOF' (line {eof_line}) is not part of the page; "
+                f"{ignored} line(s) ignored"
+            )
+            page.errors.append(LineError(number, message, line))
+            break
+        try:
+            if stripped.startswith("#"):
+                declaration = parse_declaration(stripped, openmetrics=openmetrics)
+                if declaration is _EOF and openmetrics:
+                    eof_line = number
+                elif declaration is not None and declaration is not _EOF:
+                    families.add(declaration)
+                continue
+            sample = parse_sample_line(stripped, openmetrics=openmetrics)
+            labels = canonical_labels(sample.labels)
+        except ExpositionLineError as exc:
+            page.errors.append(LineError(number, str(exc), line))
+            continue
+        except orjson.JSONEncodeError as exc:
+            message = f"a label value is not valid Unicode text ({exc})"
+            page.errors.append(LineError(number, message, line))
+            continue
+        if sample.metric.endswith(CREATED_SUFFIX):
+            skipped += 1
+            continue
+        page.metric.append(sample.metric)
+        page.labels.append(labels)
+        page.value.append(sample.value)
+        page.timestamp_ms.append(sample.timestamp_ms)
+    if openmetrics and not eof_line:
+        last = max((n for n, line in enumerate(lines, start=1) if line.strip()), default=0)
+        message = "the page ends without '# EOF', which OpenMetrics requires: it may be truncated"
+        page.errors.append(LineError(last + 1, message, ""))
+    page.families.update(families.families())
+    return ParsedPage(
+        format=fmt,
+        metric=page.metric,
+        labels=page.labels,
+        value=page.value,
+        timestamp_ms=page.timestamp_ms,
+        families=page.families,
+        errors=page.errors,
+        skipped_created=skipped,
+    )
