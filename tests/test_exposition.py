@@ -49,7 +49,7 @@ from collectors.exposition import (
 from collectors.exposition_batch import BATCH_SCHEMA, parse_expositions
 from tests.conftest import require_program
 
-SAMPLES_DIR = Path(__file__).resolve().parents[2] / "shared" / "samples"
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "samples"
 
 Row = tuple[str, str, Any, int | None]
 
