@@ -1,0 +1,172 @@
+"""SLIs from scraped metric series, with PromQL's semantics: histogram quantiles as
+`histogram_quantile(q, sum by (le) (increase(x_bucket[w])))`, counter increases and ratios,
+and gauge statistics, per replica, pool, model or the whole fleet.
+
+Series are grouped through their target (replica, host, zone, pool, model). Router re-exports
+(source `vllm_router`) are left out: they repeat what the engines already count.
+All functions are pure LazyFrame transforms; window ends are epoch seconds, each window spans
+`range_s` back from its end, both edges included, as a PromQL range selector does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from itertools import pairwise
+
+import polars as pl
+
+from pipeline.promql import histogram_quantile_frame, increase_frame
+from pipeline.signals import Signal
+
+ENGINE_SOURCES = ("vllm_engine", "dcgm")
+DIMENSIONS = ("replica", "host", "zone", "pool", "model")
+
+
+class Scope(Enum):
+    REPLICA = "replica"
+    POOL = "pool"
+    MODEL = "model"
+    FLEET = "fleet"
+
+    @property
+    def columns(self) -> list[str]:
+        return [] if self is Scope.FLEET else [self.value]
+
+
+def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFrame:
+    """Series with their target's dimensions and the labels SLIs group by: `le` as a float
+    (null for non-bucket series), `finished_reason`, and `model` (the target's, else the
+    series' model_name label)."""
+    label = pl.col("labels").str.json_path_match
+    return (
+        series.join(
+            targets.select("target_id", *DIMENSIONS).rename({"model": "target_model"}),
+            on="target_id",
+            how="left",
+        )
+        .with_columns(
+            le=pl.when(pl.col("metric").str.ends_with("_bucket"))
+            .then(label("$.le").cast(pl.Float64, strict=False))
+            .otherwise(None),
+            finished_reason=label("$.finished_reason"),
+            model=pl.coalesce(pl.col("target_model"), label("$.model_name")),
+        )
+        .drop("target_model")
+        .filter(pl.col("source").is_null() | pl.col("source").is_in(ENGINE_SOURCES))
+    )
+
+
+def _increases(
+    points: pl.LazyFrame, chosen: pl.LazyFrame, *, range_s: float, window_ends_s: Sequence[float]
+) -> pl.LazyFrame:
+    wanted = points.join(chosen.select("series_id"), on="series_id", how="semi")
+    return increase_frame(wanted, range_s=range_s, window_ends_s=window_ends_s).join(
+        chosen, on="series_id", how="left"
+    )
+
+
+def histogram_quantiles(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    signal: Signal,
+    q: float,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """The q-quantile of a latency histogram per scope group and window:
+    `histogram_quantile(q, sum by (group, le) (increase(signal_bucket[range])))`.
+    Columns: the scope's column, `window_end_s`, `quantile`."""
+    buckets = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_not_null())
+    by = [*scope.columns, "window_end_s"]
+    summed = (
+        _increases(points, buckets, range_s=range_s, window_ends_s=window_ends_s)
+        .group_by(*by, "le")
+        .agg(pl.col("increase").sum())
+    )
+    return histogram_quantile_frame(summed, q=q, by=by, count_column="increase")
+
+
+def counter_increases(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    signal: Signal,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+    by_labels: Sequence[str] = (),
+    metric_suffix: str | None = None,
+) -> pl.LazyFrame:
+    """`sum by (group) (increase(counter[range]))` per window. For a histogram signal give
+    `metric_suffix="_count"` (observations) or `"_sum"`. Columns: scope, labels, window_end_s,
+    increase."""
+    chosen = dimensions.filter(pl.col("signal") == signal.value)
+    if metric_suffix is not None:
+        chosen = chosen.filter(pl.col("metric").str.ends_with(metric_suffix))
+    else:
+        chosen = chosen.filter(pl.col("le").is_null())
+    by = [*scope.columns, *by_labels, "window_end_s"]
+    return (
+        _increases(points, chosen, range_s=range_s, window_ends_s=window_ends_s)
+        .group_by(by)
+        .agg(pl.col("increase").sum())
+        .sort(by, nulls_last=True)
+    )
+
+
+def counter_ratio(
+    numerator: pl.LazyFrame, denominator: pl.LazyFrame, *, scope: Scope, name: str
+) -> pl.LazyFrame:
+    """increase(numerator) / increase(denominator) per group and window (e.g. prefix-cache hit
+    rate = hits / queries over the window, never the lifetime ratio); null where nothing was
+    counted."""
+    by = [*scope.columns, "window_end_s"]
+    return (
+        numerator.rename({"increase": "_num"})
+        .join(denominator.rename({"increase": "_den"}), on=by, how="full", coalesce=True)
+        .with_columns(pl.when(pl.col("_den") > 0).then(pl.col("_num") / pl.col("_den")).alias(name))
+        .select(*by, name)
+        .sort(by, nulls_last=True)
+    )
+
+
+def gauge_stats(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    signal: Signal,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """Mean and max of a gauge over each window's samples, per group (e.g. KV-cache usage).
+    Columns: scope, window_end_s, mean, max, samples.
+
+    Windows must not overlap (each window end at least `range_s` after the previous one): a
+    sample counts in the first window ending at or after it, so cost stays linear in samples.
+    """
+    ends_sorted = sorted(window_ends_s)
+    if any(b - a < range_s for a, b in pairwise(ends_sorted)):
+        raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
+    chosen = dimensions.filter(pl.col("signal") == signal.value)
+    ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
+    samples = (
+        points.join(chosen.select("series_id", *DIMENSIONS), on="series_id", how="inner")
+        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
+        .sort("ts_s")
+        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
+        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
+    )
+    by = [*scope.columns, "window_end_s"]
+    return (
+        samples.group_by(by)
+        .agg(
+            pl.col("value").mean().alias("mean"),
+            pl.col("value").max().alias("max"),
+            pl.len().alias("samples"),
+        )
+        .sort(by, nulls_last=True)
+    )
