@@ -34,9 +34,11 @@ from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from pipeline.request_sli import GoodputLimits
 from pipeline.store import SchemaTooNewError, Store, StoreError
 from servewatch import __version__
+from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
 from servewatch.instants import format_instant, parse_duration, parse_instant
 from servewatch.render import err_console, out_console, print_json, sli_series_table, sli_table
+from servewatch.scraping import resolve_targets, scrape_round, wait_for_next_round
 from servewatch.sli_report import Grouping, build_sli_report
 
 EXIT_FAILURE = 1
@@ -307,6 +309,56 @@ def replay(
         f"{len(metrics.line_errors)} malformed lines",
         highlight=False,
     )
+
+
+def _load_config(path: Path) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+
+
+@app.command()
+def scrape(
+    config_path: Annotated[
+        Path, typer.Option("--config", help="servewatch.toml with the targets to scrape.")
+    ] = Path("servewatch.toml"),
+    once: Annotated[bool, typer.Option(help="Scrape every target once and exit.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Scrape every target's /metrics concurrently into the store.
+
+    Each target has its own timeout: a slow or dead one is recorded as a failed scrape and
+    delays no other. Without --once, scraping repeats every scrape.interval_s until
+    interrupted (`servewatch run` does this together with the other jobs).
+    """
+    config = _load_config(config_path)
+    if config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
+        state.db = config.store_path
+    targets, problems = resolve_targets(config)
+    for problem in problems:
+        err_console.print(f"[yellow]targets:[/] {problem}", highlight=False)
+    if not targets:
+        raise fail(f"{config_path}: no targets to scrape", code=EXIT_BAD_INPUT)
+    rounds: list[MetricIngestReport] = []
+    with open_store() as store:
+        while True:
+            report = scrape_round(targets, store=store, settings=config.scrape)
+            rounds.append(report)
+            if not as_json:
+                out_console.print(
+                    f"scraped {report.pages} targets: {report.stored_samples} samples, "
+                    f"{len(report.failed_scrapes)} failed, {len(report.line_errors)} malformed "
+                    "lines",
+                    highlight=False,
+                )
+                for failed in report.failed_scrapes:
+                    err_console.print(f"[yellow]failed[/] {failed}", highlight=False)
+            if once:
+                break
+            wait_for_next_round(config.scrape.interval_s)
+    if as_json:
+        print_json({"rounds": [_metric_json(r) for r in rounds]})
 
 
 @app.command()
