@@ -18,8 +18,10 @@ import duckdb
 import polars as pl
 
 from pipeline.tables import (
+    ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,
+    RECOMMENDATIONS_SCHEMA,
     REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
     SAMPLES_SCHEMA,
@@ -201,6 +203,41 @@ MIGRATIONS += (
                 first_seen_ts TIMESTAMP NOT NULL,
                 last_seen_ts  TIMESTAMP NOT NULL,
                 PRIMARY KEY (target_id, family)
+            )
+            """,
+        ),
+    ),
+)
+
+MIGRATIONS += (
+    Migration(
+        version=4,
+        description="results layer: alerts (state history), recommendations (decision records)",
+        statements=(
+            """
+            CREATE TABLE alerts (
+                slo                   VARCHAR NOT NULL,
+                severity              VARCHAR NOT NULL,
+                long_window_s         BIGINT NOT NULL,
+                short_window_s        BIGINT NOT NULL,
+                state                 VARCHAR NOT NULL,
+                changed_ts            TIMESTAMP NOT NULL,
+                active_since_ts       TIMESTAMP,
+                long_burn_rate        DOUBLE,
+                short_burn_rate       DOUBLE,
+                burn_threshold        DOUBLE NOT NULL,
+                budget_consumed_ratio DOUBLE,
+                labels                VARCHAR NOT NULL,
+                PRIMARY KEY (slo, long_window_s, short_window_s, changed_ts)
+            )
+            """,
+            """
+            CREATE TABLE recommendations (
+                created_ts TIMESTAMP NOT NULL,
+                name       VARCHAR NOT NULL,
+                verdict    VARCHAR NOT NULL,
+                record     VARCHAR NOT NULL,
+                PRIMARY KEY (name, created_ts)
             )
             """,
         ),
@@ -579,6 +616,27 @@ class Store:
             f"SELECT {_column_list(SLO_MINUTES_SCHEMA)} FROM slo_minutes{clauses} "
             "ORDER BY slo, minute_ts, replica",
             params,
+        )
+
+    # -- results ------------------------------------------------------------------------------
+
+    def write_alert_changes(self, frame: pl.DataFrame) -> int:
+        """Append alert state changes (pending, firing, resolved); a change already stored is
+        kept once. Returns how many were new."""
+        return self._insert_new("alerts", frame, ALERTS_SCHEMA)
+
+    def read_alert_changes(self) -> pl.LazyFrame:
+        return self._read(
+            f"SELECT {_column_list(ALERTS_SCHEMA)} FROM alerts ORDER BY changed_ts, slo"
+        )
+
+    def write_recommendation(self, frame: pl.DataFrame) -> int:
+        return self._insert_new("recommendations", frame, RECOMMENDATIONS_SCHEMA)
+
+    def read_recommendations(self) -> pl.LazyFrame:
+        return self._read(
+            f"SELECT {_column_list(RECOMMENDATIONS_SCHEMA)} FROM recommendations "
+            "ORDER BY created_ts"
         )
 
     # -- ingest errors ------------------------------------------------------------------------

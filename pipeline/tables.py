@@ -139,3 +139,29 @@ SLO_MINUTES_SCHEMA = pl.Schema(
         "total": pl.Int64(),
     }
 )
+
+ALERTS_SCHEMA = pl.Schema(
+    {
+        "slo": pl.String(),
+        "severity": pl.String(),
+        "long_window_s": pl.Int64(),
+        "short_window_s": pl.Int64(),
+        "state": pl.String(),
+        "changed_ts": TIMESTAMP,
+        "active_since_ts": TIMESTAMP,
+        "long_burn_rate": pl.Float64(),
+        "short_burn_rate": pl.Float64(),
+        "burn_threshold": pl.Float64(),
+        "budget_consumed_ratio": pl.Float64(),
+        "labels": pl.String(),
+    }
+)
+
+RECOMMENDATIONS_SCHEMA = pl.Schema(
+    {
+        "created_ts": TIMESTAMP,
+        "name": pl.String(),
+        "verdict": pl.String(),
+        "record": pl.String(),
+    }
+)

@@ -11,8 +11,10 @@ import pytest
 
 from pipeline.store import LATEST_VERSION, MIGRATIONS, SchemaTooNewError, Store, StoreError
 from pipeline.tables import (
+    ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,
+    RECOMMENDATIONS_SCHEMA,
     REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
     SAMPLES_SCHEMA,
@@ -78,6 +80,8 @@ def test_new_store_has_raw_tables_at_latest_version(store: Store) -> None:
         ("request_minutes", REQUEST_MINUTES_SCHEMA),
         ("slo_minutes", SLO_MINUTES_SCHEMA),
         ("unknown_families", UNKNOWN_FAMILIES_SCHEMA),
+        ("alerts", ALERTS_SCHEMA),
+        ("recommendations", RECOMMENDATIONS_SCHEMA),
     ],
 )
 def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Schema) -> None:

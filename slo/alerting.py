@@ -1,0 +1,261 @@
+"""Multiwindow, multi-burn-rate alerting (SRE Workbook, "Alerting on SLOs"): which alert
+conditions hold at an instant, and the every-minute evaluation that turns them into state
+changes, records them and notifies.
+
+A window pair's condition holds when the error ratio of both its long and its short window
+exceeds burn_threshold x (1 - objective) and each window counted at least `min_events` events
+(the low-traffic guard: one failure among three requests is not an outage). The long window
+makes the alert significant, the short one makes it stop soon after the errors stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from slo.alert_state import (
+    AlertChange,
+    AlertKey,
+    AlertState,
+    AlertStateStore,
+    Condition,
+    advance,
+    apply_changes,
+)
+from slo.burn_rate import (
+    evaluation_minute,
+    spec_table,
+    window_sums_at,
+    window_sums_every_minute,
+)
+from slo.notification import NotificationError, Notifier
+from slo.spec import SloSpec
+from slo.windows import Severity
+
+
+def alert_windows_table(specs: Sequence[SloSpec]) -> pl.LazyFrame:
+    """One row per (SLO, window pair) with its threshold, as the evaluator compares it."""
+    rows = [
+        {
+            "slo": spec.name,
+            "severity": window.severity.value,
+            "long_window_s": window.long_window_s,
+            "short_window_s": window.short_window_s,
+            "burn_threshold": spec.burn_threshold(window),
+            "max_error_ratio": spec.max_error_ratio(window),
+            "min_events": spec.min_events,
+            "for_s": window.for_s,
+        }
+        for spec in specs
+        for window in spec.windows
+    ]
+    return pl.LazyFrame(
+        rows,
+        schema={
+            "slo": pl.String(),
+            "severity": pl.String(),
+            "long_window_s": pl.Int64(),
+            "short_window_s": pl.Int64(),
+            "burn_threshold": pl.Float64(),
+            "max_error_ratio": pl.Float64(),
+            "min_events": pl.Int64(),
+            "for_s": pl.Int64(),
+        },
+    )
+
+
+def _window(sums: pl.LazyFrame, prefix: str, on: str) -> pl.LazyFrame:
+    return sums.select(
+        "at",
+        "slo",
+        pl.col("window_s").alias(on),
+        pl.col("good").alias(f"{prefix}_good"),
+        pl.col("total").alias(f"{prefix}_total"),
+    )
+
+
+def _ratio(prefix: str) -> pl.Expr:
+    total = pl.col(f"{prefix}_total")
+    return pl.when(total > 0).then((total - pl.col(f"{prefix}_good")) / total).otherwise(None)
+
+
+def alert_conditions(sums: pl.LazyFrame, *, specs: Sequence[SloSpec]) -> pl.LazyFrame:
+    """Per (at, slo, window pair): long and short error ratios and burn rates, the budget
+    consumed over the period, and `active`.
+
+    `sums` are window sums (`slo.burn_rate.WINDOW_SUMS_SCHEMA`) holding, for each SLO, its
+    alert windows and its period at one or many instants.
+    """
+    specs_frame = spec_table(specs).select("slo", "error_budget_ratio", "period_s")
+    budget = pl.col("error_budget_ratio")
+    long_ratio, short_ratio = pl.col("long_error_ratio"), pl.col("short_error_ratio")
+    guard = (pl.col("long_total") >= pl.col("min_events")) & (
+        pl.col("short_total") >= pl.col("min_events")
+    )
+    burning = (long_ratio > pl.col("max_error_ratio")) & (short_ratio > pl.col("max_error_ratio"))
+    return (
+        alert_windows_table(specs)
+        .join(specs_frame, on="slo", how="left")
+        .join(_window(sums, "long", "long_window_s"), on=["slo", "long_window_s"], how="inner")
+        .join(
+            _window(sums, "short", "short_window_s"),
+            on=["at", "slo", "short_window_s"],
+            how="inner",
+        )
+        .join(_window(sums, "period", "period_s"), on=["at", "slo", "period_s"], how="inner")
+        .with_columns(
+            long_error_ratio=_ratio("long"),
+            short_error_ratio=_ratio("short"),
+            period_error_ratio=_ratio("period"),
+        )
+        .with_columns(
+            long_burn_rate=long_ratio / budget,
+            short_burn_rate=short_ratio / budget,
+            budget_consumed_ratio=pl.col("period_error_ratio") / budget,
+            active=(guard & burning).fill_null(value=False),
+        )
+        .select(
+            "at",
+            "slo",
+            "severity",
+            "long_window_s",
+            "short_window_s",
+            "burn_threshold",
+            "for_s",
+            "min_events",
+            "long_total",
+            "short_total",
+            "long_error_ratio",
+            "short_error_ratio",
+            "long_burn_rate",
+            "short_burn_rate",
+            "budget_consumed_ratio",
+            "active",
+        )
+        .sort("at", "slo", "long_window_s", "short_window_s")
+    )
+
+
+def alert_labels_of(spec: SloSpec) -> tuple[tuple[str, str], ...]:
+    """The labels an SLO's alerts carry besides their identity: its scope and its labels."""
+    return tuple(sorted((*spec.scope, *spec.labels)))
+
+
+def conditions_from_rows(
+    rows: Sequence[Mapping[str, object]], *, specs: Sequence[SloSpec]
+) -> tuple[Condition, ...]:
+    labels = {spec.name: alert_labels_of(spec) for spec in specs}
+    conditions = []
+    for row in rows:
+        slo = str(row["slo"])
+        conditions.append(
+            Condition(
+                key=AlertKey(
+                    slo=slo,
+                    severity=Severity(row["severity"]),
+                    long_window_s=_int(row["long_window_s"]),
+                    short_window_s=_int(row["short_window_s"]),
+                ),
+                active=bool(row["active"]),
+                long_burn_rate=_float(row["long_burn_rate"]),
+                short_burn_rate=_float(row["short_burn_rate"]),
+                burn_threshold=float(_number(row["burn_threshold"])),
+                budget_consumed_ratio=_float(row["budget_consumed_ratio"]),
+                for_s=_int(row["for_s"]),
+                labels=labels[slo],
+            )
+        )
+    return tuple(conditions)
+
+
+def _int(value: object) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def _number(value: object) -> float | int:
+    assert isinstance(value, float | int)
+    return value
+
+
+def _float(value: object) -> float | None:
+    return None if value is None else float(_number(value))
+
+
+def evaluate_at(
+    minutes: pl.LazyFrame, *, specs: Sequence[SloSpec], at: datetime
+) -> tuple[Condition, ...]:
+    """Every alert's condition at `at` (one collect)."""
+    frame = (
+        window_sums_at(minutes, specs=specs, at=at).pipe(alert_conditions, specs=specs).collect()
+    )
+    return conditions_from_rows(frame.rows(named=True), specs=specs)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    at: datetime
+    conditions: tuple[Condition, ...]
+    changes: tuple[AlertChange, ...]
+    firing: tuple[AlertChange, ...]
+    notification_error: str | None = None
+
+
+def step(
+    minutes: pl.LazyFrame,
+    *,
+    specs: Sequence[SloSpec],
+    at: datetime,
+    states: AlertStateStore,
+    notifier: Notifier | None = None,
+) -> Evaluation:
+    """One scheduled evaluation: conditions at `at`, state changes recorded in `states`,
+    then `notifier` told. A failed notification is reported in the result, not raised: the
+    evaluation and its history stand, and the next evaluation runs as usual."""
+    at_minute = evaluation_minute(at)
+    conditions = evaluate_at(minutes, specs=specs, at=at_minute)
+    latest = states.latest()
+    changes = advance(latest, conditions, at=at_minute)
+    states.append(changes)
+    now = apply_changes(latest, changes)
+    firing = tuple(
+        sorted(
+            (c for c in now.values() if c.state is AlertState.FIRING),
+            key=lambda c: c.key.sort_key(),
+        )
+    )
+    error = None
+    if notifier is not None:
+        try:
+            notifier.notify(changes, firing=firing, at=at_minute)
+        except NotificationError as exc:
+            error = str(exc)
+    return Evaluation(at_minute, conditions, changes, firing, error)
+
+
+def replay(
+    minutes: pl.LazyFrame,
+    *,
+    specs: Sequence[SloSpec],
+    start: datetime,
+    end: datetime,
+    latest: Mapping[AlertKey, AlertChange] | None = None,
+) -> tuple[AlertChange, ...]:
+    """Evaluate every minute from `start` to `end` in virtual time (one collect) and return
+    the state changes in order: what the scheduled evaluation would have recorded."""
+    frame = (
+        window_sums_every_minute(minutes, specs=specs, start=start, end=end)
+        .pipe(alert_conditions, specs=specs)
+        .collect()
+    )
+    state = dict(latest or {})
+    changes: list[AlertChange] = []
+    for (at,), group in frame.group_by("at", maintain_order=True):
+        assert isinstance(at, datetime)
+        new = advance(state, conditions_from_rows(group.rows(named=True), specs=specs), at=at)
+        state = apply_changes(state, new)
+        changes.extend(new)
+    return tuple(changes)

@@ -1,0 +1,153 @@
+"""Fields of SLO files (YAML specs, the TOML window table) read with their path for errors.
+
+Every error names the file, the dotted path of the bad field, what was found and what is
+allowed; unknown keys are errors, because a misspelt field silently ignored changes who gets
+paged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any, TypeVar
+
+from slo.durations import parse_duration_s
+
+E = TypeVar("E", bound=Enum)
+
+
+class SpecError(ValueError):
+    """An SLO file cannot be used; the message says which file, which field and why."""
+
+
+class Fields:
+    """One mapping of a file being read; remembers which keys were read for `done()`."""
+
+    def __init__(self, data: Mapping[str, Any], *, where: str, path: str = "") -> None:
+        self.data = data
+        self.where = where
+        self.path = path
+        self.read: set[str] = set()
+
+    @classmethod
+    def of(cls, value: object, *, where: str, path: str) -> Fields:
+        """Fields of `value`, which must be a mapping (the error names `path` otherwise)."""
+        if not isinstance(value, Mapping):
+            found = type(value).__name__ if value is not None else "nothing"
+            raise SpecError(f"{where}: {path or 'document'}: must be a mapping, got {found}")
+        return cls(value, where=where, path=path)
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, message: str) -> SpecError:
+        return SpecError(f"{self.where}: {self.name(key)}: {message}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str) -> Any:
+        self.read.add(key)
+        return self.data.get(key)
+
+    def required(self, key: str, what: str) -> Any:
+        value = self.raw(key)
+        if value is None:
+            raise self.fail(key, f"is required ({what})")
+        return value
+
+    def text(self, key: str, *, default: str | None = None) -> str | None:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"must be a non-empty string, got {value!r}")
+        return value.strip()
+
+    def number(self, key: str) -> float | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise self.fail(key, f"must be a number, got {value!r}")
+        return float(value)
+
+    def whole(self, key: str, *, default: int, minimum: int) -> int:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(key, f"must be a whole number >= {minimum}, got {value!r}")
+        return value
+
+    def choice(self, key: str, enum: type[E], *, default: E | None = None) -> E:
+        value = self.raw(key)
+        if value is None:
+            if default is None:
+                raise self.fail(key, f"is required; one of {_values(enum)}")
+            return default
+        try:
+            return enum(value)
+        except ValueError as exc:
+            raise self.fail(key, f"is {value!r}; allowed: {_values(enum)}") from exc
+
+    def duration_s(
+        self, key: str, *, default_s: int | None = None, minute: bool = True, zero: bool = False
+    ) -> int:
+        """A Prometheus-style duration (5m, 1h, 3d) in seconds; whole minutes unless told."""
+        value = self.raw(key)
+        if value is None:
+            if default_s is None:
+                raise self.fail(key, "is required (a duration such as 5m, 1h or 3d)")
+            return default_s
+        if zero and str(value).strip() in {"0", "0s", "0m"}:
+            return 0
+        try:
+            seconds = parse_duration_s(str(value))
+        except ValueError as exc:
+            raise self.fail(key, str(exc)) from exc
+        if minute and seconds % 60:
+            raise self.fail(
+                key, f"is {value!r}; must be a whole number of minutes (burn rates use minutes)"
+            )
+        return seconds
+
+    def mapping(self, key: str) -> Fields | None:
+        value = self.raw(key)
+        return None if value is None else Fields.of(value, where=self.where, path=self.name(key))
+
+    def string_map(self, key: str) -> dict[str, str]:
+        value = self.raw(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+            for k, v in value.items()
+        ):
+            raise self.fail(key, f"must be a mapping of names to strings, got {value!r}")
+        return {k: str(v) for k, v in value.items()}
+
+    def items(self, key: str, *, required: bool = False) -> list[Fields]:
+        """The mappings of a list field, each with its indexed path (`slos[2]`)."""
+        value = self.raw(key)
+        if value is None:
+            if required:
+                raise self.fail(key, "is required (a list)")
+            return []
+        if not isinstance(value, Sequence) or isinstance(value, str):
+            raise self.fail(key, f"must be a list, got {type(value).__name__}")
+        return [
+            Fields.of(item, where=self.where, path=f"{self.name(key)}[{i}]")
+            for i, item in enumerate(value)
+        ]
+
+    def done(self) -> None:
+        unknown = sorted(str(k) for k in set(self.data) - self.read)
+        if unknown:
+            allowed = ", ".join(sorted(self.read))
+            raise self.fail(unknown[0], f"unknown field; allowed here: {allowed}")
+
+
+def _values(enum: type[Enum]) -> str:
+    return ", ".join(str(member.value) for member in enum)

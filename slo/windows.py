@@ -1,0 +1,120 @@
+"""Alert windows: rows of the multiwindow, multi-burn-rate table and the burn-rate threshold
+each row implies for an SLO's period.
+
+The table is data (`burn_windows.toml`, the SRE Workbook's recommendation); a spec may bring
+its own rows. A row says "alert with this severity when `budget_ratio` of the period's error
+budget would be spent within `long_window`", so its threshold is derived, never typed:
+burn_threshold = budget_ratio * period / long_window (14.4 for 2 % in 1 h of 30 days).
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from slo.durations import format_duration
+from slo.fields import Fields, SpecError
+
+DEFAULT_WINDOWS_PATH = Path(__file__).with_name("burn_windows.toml")
+# The workbook pairs each long window with one twelfth of it as the short window.
+SHORT_WINDOW_DIVISOR = 12
+
+
+class Severity(Enum):
+    """Who is told: a page wakes someone now, a ticket waits for working hours."""
+
+    PAGE = "page"
+    TICKET = "ticket"
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    severity: Severity
+    long_window_s: int
+    short_window_s: int
+    budget_ratio: float
+    for_s: int = 0
+
+    def burn_threshold(self, *, period_s: int) -> float:
+        """The burn rate that spends `budget_ratio` of the budget in `long_window_s`."""
+        return self.budget_ratio * period_s / self.long_window_s
+
+    @property
+    def long_window(self) -> str:
+        return format_duration(self.long_window_s)
+
+    @property
+    def short_window(self) -> str:
+        return format_duration(self.short_window_s)
+
+
+def burn_window_from_fields(fields: Fields) -> BurnWindow:
+    """One table row; `fields` knows its file and path, so errors point at the row."""
+    severity = fields.choice("severity", Severity)
+    long_window_s = fields.duration_s("long_window")
+    default_short_s = long_window_s // SHORT_WINDOW_DIVISOR
+    if not fields.has("short_window") and default_short_s % 60:
+        raise fields.fail(
+            "short_window",
+            f"is required here: long_window / {SHORT_WINDOW_DIVISOR} is not whole minutes",
+        )
+    short_window_s = fields.duration_s("short_window", default_s=default_short_s)
+    if short_window_s >= long_window_s:
+        raise fields.fail(
+            "short_window",
+            f"{format_duration(short_window_s)} must be shorter than long_window "
+            f"{format_duration(long_window_s)}",
+        )
+    budget_ratio = fields.number("budget_ratio")
+    if budget_ratio is None:
+        raise fields.fail("budget_ratio", "is required (fraction of the budget, e.g. 0.02)")
+    if not 0 < budget_ratio <= 1:
+        raise fields.fail(
+            "budget_ratio", f"must be above 0 and at most 1 (0.02 is 2 %), got {budget_ratio}"
+        )
+    for_s = fields.duration_s("for", default_s=0, zero=True)
+    fields.done()
+    return BurnWindow(severity, long_window_s, short_window_s, budget_ratio, for_s)
+
+
+def burn_windows_from_items(items: Sequence[Fields]) -> tuple[BurnWindow, ...]:
+    """Rows of a table; two rows with the same pair of windows would be one alert twice."""
+    windows: list[BurnWindow] = []
+    seen: set[tuple[int, int]] = set()
+    for item in items:
+        window = burn_window_from_fields(item)
+        pair = (window.long_window_s, window.short_window_s)
+        if pair in seen:
+            raise item.fail(
+                "long_window",
+                f"the pair {window.long_window}/{window.short_window} appears twice; each "
+                "pair of windows is one alert",
+            )
+        seen.add(pair)
+        windows.append(window)
+    return tuple(windows)
+
+
+def load_burn_windows(path: Path = DEFAULT_WINDOWS_PATH) -> tuple[BurnWindow, ...]:
+    """The table in a TOML file of `[[windows]]` rows (see `burn_windows.toml`)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    root = Fields(data, where=str(path))
+    windows = burn_windows_from_items(root.items("windows", required=True))
+    root.done()
+    if not windows:
+        raise root.fail("windows", "needs at least one row")
+    return windows
+
+
+@functools.cache
+def default_burn_windows() -> tuple[BurnWindow, ...]:
+    return load_burn_windows(DEFAULT_WINDOWS_PATH)
