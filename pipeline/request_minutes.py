@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.request_sli import with_tpot
+from pipeline.tables import SLO_MINUTES_SCHEMA
+
+SLO_DIMENSIONS = ("replica", "pool", "model", "tenant")
 
 
 @dataclass(frozen=True)
@@ -71,20 +74,13 @@ def request_minutes(requests: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -> pl.LazyFrame:
-    """Good and total events per (SLO, replica, minute): the input of budgets and burn rates."""
+    """Good and total events per SLO, minute and request dimensions (replica, pool, model,
+    tenant, so SLO scopes can select on them): the input of budgets and burn rates."""
     if not criteria:
-        return pl.LazyFrame(
-            schema={
-                "minute_ts": pl.Datetime("us"),
-                "slo": pl.String,
-                "replica": pl.String,
-                "good": pl.Int64,
-                "total": pl.Int64,
-            }
-        )
+        return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
     prepared = requests.pipe(with_tpot).pipe(with_minute)
     per_slo = [
-        prepared.group_by("minute_ts", "replica")
+        prepared.group_by("minute_ts", *SLO_DIMENSIONS)
         .agg(
             criterion.good().sum().cast(pl.Int64).alias("good"),
             pl.len().cast(pl.Int64).alias("total"),
@@ -94,6 +90,6 @@ def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -
     ]
     return (
         pl.concat(per_slo)
-        .select("minute_ts", "slo", "replica", "good", "total")
-        .sort("slo", "minute_ts", "replica", nulls_last=True)
+        .select(SLO_MINUTES_SCHEMA.names())
+        .sort("slo", "minute_ts", *SLO_DIMENSIONS, nulls_last=True)
     )

@@ -244,6 +244,20 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    Migration(
+        version=5,
+        description="slo_minutes by pool, model and tenant too, so SLO scopes can select them",
+        statements=(
+            "ALTER TABLE slo_minutes ADD COLUMN pool VARCHAR",
+            "ALTER TABLE slo_minutes ADD COLUMN model VARCHAR",
+            "ALTER TABLE slo_minutes ADD COLUMN tenant VARCHAR",
+            # Recomputed by the next rollup, now with the new columns filled.
+            "DELETE FROM rollup_watermarks WHERE source = 'requests'",
+        ),
+    ),
+)
+
 LATEST_VERSION = MIGRATIONS[-1].version
 
 

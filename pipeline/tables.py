@@ -137,6 +137,9 @@ SLO_MINUTES_SCHEMA = pl.Schema(
         "replica": pl.String(),
         "good": pl.Int64(),
         "total": pl.Int64(),
+        "pool": pl.String(),
+        "model": pl.String(),
+        "tenant": pl.String(),
     }
 )
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.markdown import Markdown
 from rich.progress import (
@@ -32,14 +33,29 @@ from collectors.replay import fixture_page_count, replay_fixture
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from pipeline.request_sli import GoodputLimits
-from pipeline.store import SchemaTooNewError, Store, StoreError
+from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
 from servewatch.instants import format_instant, parse_duration, parse_instant
-from servewatch.render import err_console, out_console, print_json, sli_series_table, sli_table
+from servewatch.render import (
+    alerts_table,
+    change_json,
+    err_console,
+    out_console,
+    print_json,
+    sli_series_table,
+    sli_table,
+    slo_status_table,
+)
 from servewatch.scraping import resolve_targets, scrape_round, wait_for_next_round
 from servewatch.sli_report import Grouping, build_sli_report
+from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
+from slo.alert_state import changes_from_frame
+from slo.alertmanager import AlertmanagerNotifier
+from slo.fields import SpecError
+from slo.prometheus_rules import prometheus_rules
+from slo.spec import SloSpec
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -54,6 +70,10 @@ app = typer.Typer(
 )
 ingest_app = typer.Typer(help="Read recorded telemetry files into the store.", no_args_is_help=True)
 app.add_typer(ingest_app, name="ingest")
+slo_app = typer.Typer(
+    help="SLOs: status, error budgets, burn rates and Prometheus rules.", no_args_is_help=True
+)
+app.add_typer(slo_app, name="slo")
 
 
 class State:
@@ -501,6 +521,120 @@ def size(
         print_json(record.to_json())
     else:
         out_console.print(Markdown(record.to_markdown()))
+
+
+SloOption = Annotated[
+    list[Path] | None,
+    typer.Option("--slo", help="SLO spec file (servewatch, Sloth or OpenSLO); repeatable."),
+]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="servewatch.toml ([slo] files, store path).")
+]
+
+
+def _slo_specs(slo_files: list[Path] | None, config_path: Path | None) -> tuple[SloSpec, ...]:
+    paths = list(slo_files or [])
+    if not paths and config_path is not None:
+        config = _load_config(config_path)
+        paths = list(config.slo.files)
+        if state.db == DEFAULT_DB:
+            state.db = config.store_path
+    try:
+        specs, notes = load_specs(paths)
+    except (SloSetupError, SpecError) as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    for note in notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    return specs
+
+
+@slo_app.command("status")
+def slo_status_command(
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Budget remaining and consumed, burn rate per alert window, time to exhaustion and alert
+    state of every SLO, exact from per-minute good and total counts."""
+    specs = _slo_specs(slo, config)
+    moment = _instant(at, "--at") or utc_now()
+    with open_store() as store:
+        statuses = status_at(store, specs=specs, at=moment)
+    if as_json:
+        print_json({"at": format_instant(moment), "slos": [s.to_json() for s in statuses]})
+        return
+    out_console.print(slo_status_table(statuses, at=moment))
+
+
+@slo_app.command("rules")
+def slo_rules_command(
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    out: Annotated[Path, typer.Option(help="Where to write the Prometheus rule file.")] = Path(
+        "rules.yml"
+    ),
+    as_json: JsonOption = False,
+) -> None:
+    """Write Prometheus recording and alerting rules equivalent to servewatch's evaluation
+    (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
+    specs = _slo_specs(slo, config)
+    rules = prometheus_rules(specs)
+    out.write_text(rules.to_yaml(), encoding="utf-8")
+    if as_json:
+        print_json({"out": str(out), "skipped": list(rules.skipped)})
+        return
+    out_console.print(f"wrote {out}", highlight=False)
+    for reason in rules.skipped:
+        err_console.print(f"[yellow]not expressible in PromQL:[/] {reason}", highlight=False)
+
+
+@slo_app.command("evaluate")
+def slo_evaluate_command(
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    alertmanager: Annotated[
+        str | None, typer.Option(help="Alertmanager base URL to notify (v2 API).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One alert evaluation (what `servewatch run` does every minute): state changes are
+    recorded in the store and sent to Alertmanager when a URL is given."""
+    specs = _slo_specs(slo, config)
+    moment = _instant(at, "--at") or utc_now()
+    url = alertmanager
+    if url is None and config is not None:
+        url = _load_config(config).slo.alertmanager_url
+    with open_store() as store, httpx.Client(timeout=10) as client:
+        notifier = AlertmanagerNotifier(client, url=url) if url else None
+        evaluation = evaluate(store, specs=specs, at=moment, notifier=notifier)
+    document = {
+        "at": format_instant(evaluation.at),
+        "changes": [change_json(c) for c in evaluation.changes],
+        "firing": [change_json(c) for c in evaluation.firing],
+        "notification_error": evaluation.notification_error,
+    }
+    if as_json:
+        print_json(document)
+    else:
+        out_console.print(
+            f"{len(evaluation.changes)} state change(s), {len(evaluation.firing)} firing",
+            highlight=False,
+        )
+    if evaluation.notification_error:
+        err_console.print(f"[red]notification failed:[/] {evaluation.notification_error}")
+
+
+@app.command()
+def alerts(as_json: JsonOption = False) -> None:
+    """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
+    with open_store() as store:
+        changes = changes_from_frame(store.read_alert_changes().collect())
+    if as_json:
+        print_json({"alerts": [change_json(c) for c in changes]})
+        return
+    out_console.print(alerts_table(changes))
 
 
 @app.command()

@@ -29,6 +29,13 @@ class ScrapeSettings:
 
 
 @dataclass(frozen=True)
+class SloSettings:
+    files: tuple[Path, ...] = ()
+    alertmanager_url: str | None = None
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path | None
     store_path: Path = Path("servewatch.duckdb")
@@ -36,6 +43,7 @@ class Config:
     targets: tuple[Target, ...] = ()
     file_sd: tuple[Path, ...] = ()
     otlp: ReceiverConfig = field(default_factory=ReceiverConfig)
+    slo: SloSettings = field(default_factory=SloSettings)
 
 
 class _Section:
@@ -200,6 +208,14 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         mapping=mapping,
     )
     otlp_section.done()
+
+    slo_section = root.table("slo")
+    slo = SloSettings(
+        files=tuple(_relative(source, f) for f in slo_section.strings("files") or ()),
+        alertmanager_url=slo_section.text("alertmanager_url"),
+        webhook_url=slo_section.text("webhook_url"),
+    )
+    slo_section.done()
     root.done()
     return Config(
         source=source,
@@ -208,6 +224,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         targets=tuple(targets),
         file_sd=tuple(file_sd),
         otlp=otlp,
+        slo=slo,
     )
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from slo.alert_state import AlertChange
+from slo.status import SloStatus
 
 err_console = Console(stderr=True)
 # Piped output gets a fixed width, so tables stay readable in files and CI logs.
@@ -99,5 +104,78 @@ def sli_series_table(report: dict[str, Any]) -> Table:
             _fmt(row["tpot_s"]["p95"], scale=1000.0, digits=0),
             _fmt(row["attainment_ratio"], scale=100.0),
             _fmt(row["goodput_rps"], digits=3),
+        )
+    return table
+
+
+def change_json(change: AlertChange) -> dict[str, Any]:
+    """One alert state change as plain JSON."""
+    return {
+        "slo": change.key.slo,
+        "severity": change.key.severity.value,
+        "window": change.key.window,
+        "short_window": change.key.short_window,
+        "state": change.state.value,
+        "changed": change.changed_ts.isoformat() + "Z",
+        "active_since": None
+        if change.active_since_ts is None
+        else change.active_since_ts.isoformat() + "Z",
+        "long_burn_rate": change.long_burn_rate,
+        "short_burn_rate": change.short_burn_rate,
+        "burn_threshold": change.burn_threshold,
+        "budget_consumed_ratio": change.budget_consumed_ratio,
+        "labels": dict(change.labels),
+    }
+
+
+def alerts_table(changes: Sequence[AlertChange]) -> Table:
+    table = Table(title="Alert state history")
+    for header in ("changed (UTC)", "SLO", "severity", "windows", "state", "burn long/short"):
+        table.add_column(header)
+    for change in changes:
+        table.add_row(
+            change.changed_ts.isoformat(timespec="minutes"),
+            change.key.slo,
+            change.key.severity.value,
+            f"{change.key.window}/{change.key.short_window}",
+            change.state.value,
+            f"{_fmt(change.long_burn_rate, digits=2)} / {_fmt(change.short_burn_rate, digits=2)}",
+        )
+    if not changes:
+        table.caption = "no alert has changed state yet"
+    return table
+
+
+def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
+    table = Table(title=f"SLO status at {at.isoformat(timespec='minutes')} UTC")
+    for header in (
+        "SLO",
+        "objective",
+        "period",
+        "events",
+        "error ratio",
+        "budget left %",
+        "burn now",
+        "exhausted in",
+        "alerts firing",
+    ):
+        table.add_column(header, justify="left" if header == "SLO" else "right")
+    for status in statuses:
+        firing = [a for a in status.alerts if a.state == "firing"]
+        exhaustion = status.time_to_exhaustion_s
+        table.add_row(
+            status.slo,
+            f"{status.objective_ratio:.4%}",
+            status.period,
+            f"{status.good:,}/{status.total:,}",
+            _fmt(status.error_ratio, digits=5),
+            _fmt(status.budget_remaining_ratio, scale=100.0),
+            _fmt(status.current_burn_rate, digits=2),
+            "exhausted"
+            if status.budget_remaining_ratio <= 0
+            else "-"
+            if exhaustion is None
+            else f"{exhaustion / 3600:,.1f} h",
+            ", ".join(f"{a.severity} {a.window}" for a in firing) or "-",
         )
     return table

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from pipeline.metric_minutes import MetricCriterion
 from pipeline.request_minutes import EventCriterion
+from pipeline.signals import Signal
 from slo.buckets import LatencyMetric
 from slo.durations import format_duration
 from slo.windows import BurnWindow
@@ -17,6 +19,12 @@ DAY_S = 86400
 PERIODS_S: tuple[int, ...] = (7 * DAY_S, 28 * DAY_S, 30 * DAY_S)
 # Columns of the per-minute counts a scope may select on (the request dimensions).
 SCOPE_KEYS: tuple[str, ...] = ("pool", "model", "tenant", "replica")
+# vLLM's histogram of each per-request latency an SLO can bound.
+HISTOGRAM_SIGNALS = {
+    LatencyMetric.TTFT: Signal.TTFT_S,
+    LatencyMetric.TPOT: Signal.REQUEST_TPOT_S,
+    LatencyMetric.E2E: Signal.E2E_LATENCY_S,
+}
 
 
 class SliKind(Enum):
@@ -111,6 +119,18 @@ class SloSpec:
         for window in self.windows:
             lengths.update((window.long_window_s, window.short_window_s))
         return tuple(sorted(lengths))
+
+    def metric_criterion(self) -> MetricCriterion | None:
+        """How this SLO counts its events from vLLM's metrics; None when it counts traces."""
+        match self.sli:
+            case LatencySli(source=SliSource.METRICS) as sli:
+                return MetricCriterion(
+                    self.name, histogram=HISTOGRAM_SIGNALS[sli.metric], threshold_s=sli.threshold_s
+                )
+            case AvailabilitySli(source=SliSource.METRICS):
+                return MetricCriterion(self.name)
+            case _:
+                return None
 
     def event_criterion(self) -> EventCriterion | None:
         """What makes a traced request good for this SLO, for the pipeline's minute rollups;

@@ -1,0 +1,120 @@
+"""SLO events per minute counted from vLLM's own metrics, for SLOs whose source is metrics.
+
+A latency SLO with threshold T counts good = increase of the `le="T"` bucket and total =
+increase of the histogram's `_count`; availability counts total = increase of
+`request_success_total` over all finished reasons and good = total minus the `error` ones.
+Increases are PromQL's (`increase(x[1m])` at each minute's end) summed per replica, pool and
+model, so the frames line up with the trace-counted `slo_minutes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import polars as pl
+
+from pipeline.promql import increase_frame
+from pipeline.signals import Signal
+from pipeline.tables import SLO_MINUTES_SCHEMA
+
+MINUTE_S = 60.0
+_GROUP = ("replica", "pool", "model")
+
+
+@dataclass(frozen=True)
+class MetricCriterion:
+    """Good events of one SLO from metrics: a latency histogram bucket, or (no signal)
+    requests vLLM finished without an error."""
+
+    name: str
+    histogram: Signal | None = None
+    threshold_s: float | None = None
+
+
+def minute_ends_s(start: datetime, end: datetime) -> list[float]:
+    """Ends of the whole minutes in [start, end), as epoch seconds (naive times are UTC)."""
+    first = math.ceil(start.replace(tzinfo=UTC).timestamp() / MINUTE_S) * MINUTE_S + MINUTE_S
+    last = math.floor(end.replace(tzinfo=UTC).timestamp() / MINUTE_S) * MINUTE_S
+    count = int((last - first) // MINUTE_S) + 1
+    return [first + i * MINUTE_S for i in range(max(count, 0))]
+
+
+def _per_minute(
+    points: pl.LazyFrame, chosen: pl.LazyFrame, *, ends: Sequence[float], name: str
+) -> pl.LazyFrame:
+    wanted = points.join(chosen.select("series_id"), on="series_id", how="semi")
+    return (
+        increase_frame(wanted, range_s=MINUTE_S, window_ends_s=ends)
+        .join(chosen.select("series_id", *_GROUP), on="series_id", how="left")
+        .group_by("window_end_s", *_GROUP)
+        .agg(pl.col("increase").sum().alias(name))
+    )
+
+
+def metric_slo_minutes(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    criteria: Sequence[MetricCriterion],
+    start: datetime,
+    end: datetime,
+) -> pl.LazyFrame:
+    """`slo_minutes`-shaped rows (good and total rounded to whole events) for each criterion.
+
+    `dimensions` is `pipeline.metric_sli.series_dimensions(...)`.
+    """
+    ends = minute_ends_s(start, end)
+    frames = []
+    for criterion in criteria:
+        signal = dimensions.filter(
+            pl.col("signal") == (criterion.histogram or Signal.REQUESTS_FINISHED).value
+        )
+        if criterion.histogram is not None:
+            total = _per_minute(
+                points,
+                signal.filter(pl.col("metric").str.ends_with("_count")),
+                ends=ends,
+                name="total",
+            )
+            good = _per_minute(
+                points,
+                signal.filter(pl.col("le") == criterion.threshold_s),
+                ends=ends,
+                name="good",
+            )
+        else:
+            total = _per_minute(points, signal, ends=ends, name="total")
+            bad = _per_minute(
+                points,
+                signal.filter(pl.col("finished_reason") == "error"),
+                ends=ends,
+                name="bad",
+            )
+            good = total.join(
+                bad, on=["window_end_s", *_GROUP], how="left", nulls_equal=True
+            ).select("window_end_s", *_GROUP, good=pl.col("total") - pl.col("bad").fill_null(0.0))
+        frames.append(
+            total.join(
+                good, on=["window_end_s", *_GROUP], how="left", nulls_equal=True
+            ).with_columns(slo=pl.lit(criterion.name))
+        )
+    if not frames:
+        return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
+    return (
+        pl.concat(frames)
+        .with_columns(
+            # A minute's increase is labelled by the minute it covers, which starts 60 s
+            # before the window's end.
+            minute_ts=pl.from_epoch(
+                ((pl.col("window_end_s") - MINUTE_S) * 1_000_000).cast(pl.Int64), time_unit="us"
+            ),
+            good=pl.col("good").fill_null(0.0).round().cast(pl.Int64),
+            total=pl.col("total").round().cast(pl.Int64),
+            tenant=pl.lit(None, dtype=pl.String),
+        )
+        .select(SLO_MINUTES_SCHEMA.names())
+        .sort("slo", "minute_ts", "replica", nulls_last=True)
+    )

@@ -1,0 +1,85 @@
+"""SLO evaluation over the store: minute counts brought up to date, then status and alerts.
+
+Trace-counted SLOs read the incremental `slo_minutes` rollup; metric-counted ones are counted
+from the stored series over the SLO period. Both are the same per-minute good/total shape, so
+budgets and burn rates come out exact either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
+from pipeline.metric_sli import series_dimensions
+from pipeline.request_minutes import EventCriterion
+from pipeline.rollup_job import roll_up_requests
+from pipeline.store import Store
+from slo.alert_state import TableAlertStateStore, changes_from_frame
+from slo.alerting import Evaluation, step
+from slo.imports import load_slo_file
+from slo.notification import Notifier
+from slo.spec import SloSpec
+from slo.status import SloStatus, slo_status
+
+
+class SloSetupError(ValueError):
+    """No SLOs to work with, or two SLOs share a name."""
+
+
+def load_specs(paths: Sequence[Path]) -> tuple[tuple[SloSpec, ...], tuple[str, ...]]:
+    """Every SLO of the files (our format, Sloth or OpenSLO) and the import notes."""
+    if not paths:
+        raise SloSetupError(
+            "no SLO files: pass --slo FILE or list them in servewatch.toml under [slo] files"
+        )
+    specs: list[SloSpec] = []
+    notes: list[str] = []
+    for path in paths:
+        loaded = load_slo_file(path)
+        specs.extend(loaded.specs)
+        notes.extend(f"{path}: {note}" for note in loaded.notes)
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SloSetupError(f"SLO names must be unique across files; repeated: {duplicates}")
+    return tuple(specs), tuple(notes)
+
+
+def _criteria(specs: Sequence[SloSpec]) -> tuple[list[EventCriterion], list[MetricCriterion]]:
+    traces = [e for s in specs if (e := s.event_criterion()) is not None]
+    metrics = [m for s in specs if (m := s.metric_criterion()) is not None]
+    return traces, metrics
+
+
+def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> pl.LazyFrame:
+    """Per-minute good/total of every SLO over the longest period ending at `at`."""
+    traces, metrics = _criteria(specs)
+    roll_up_requests(store, criteria=traces)
+    start = at - timedelta(seconds=max(s.period_s for s in specs))
+    end = at + timedelta(minutes=1)
+    frames = [store.read_slo_minutes(from_ts=start, to_ts=end)]
+    if metrics:
+        dimensions = series_dimensions(store.read_series(), store.read_targets())
+        points = store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)
+        frames.append(
+            metric_slo_minutes(points, dimensions, criteria=metrics, start=start, end=end)
+        )
+    return pl.concat(frames)
+
+
+def status_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> tuple[SloStatus, ...]:
+    minutes = slo_minutes_at(store, specs=specs, at=at)
+    history = changes_from_frame(store.read_alert_changes().collect())
+    return slo_status(minutes, specs=specs, at=at, history=history)
+
+
+def evaluate(
+    store: Store, *, specs: Sequence[SloSpec], at: datetime, notifier: Notifier | None
+) -> Evaluation:
+    """One scheduled evaluation: state changes recorded in `alerts`, the notifier told."""
+    minutes = slo_minutes_at(store, specs=specs, at=at)
+    return step(minutes, specs=specs, at=at, states=TableAlertStateStore(store), notifier=notifier)
