@@ -236,7 +236,9 @@ class OtlpHttpReceiver:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        # shutdown() waits for serve_forever to end, so only call it once that loop runs.
         if self._thread is not None:
+            self._server.shutdown()
             self._thread.join()
+            self._thread = None
+        self._server.server_close()

@@ -282,6 +282,11 @@ class Store:
         try:
             connection = duckdb.connect(location)
         except duckdb.Error as exc:
+            if "lock" in str(exc).lower():
+                raise StoreError(
+                    f"store {location} is in use by another process (one process writes a "
+                    f"store; is a `servewatch run` using it?): {exc}"
+                ) from exc
             raise StoreError(f"cannot open store {location}: {exc}") from exc
         store = cls(connection, location, clock)
         try:
@@ -507,6 +512,13 @@ class Store:
             f"SELECT {_column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM unknown_families "
             "ORDER BY target_id, family"
         )
+
+    def drop_points_before(self, cutoff: datetime) -> int:
+        """Retention: delete raw points older than `cutoff`; rollups are kept. Returns rows
+        deleted."""
+        before = self.count("points")
+        self._con.execute("DELETE FROM points WHERE ts < ?", [cutoff])
+        return before - self.count("points")
 
     def read_targets(self) -> pl.LazyFrame:
         return self._read(f"SELECT {_column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id")

@@ -7,6 +7,9 @@ print exactly one JSON document on stdout; progress and messages go to stderr.
 from __future__ import annotations
 
 import gzip
+import logging
+import signal
+import threading
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +52,7 @@ from servewatch.render import (
     slo_status_table,
 )
 from servewatch.scraping import resolve_targets, scrape_round, wait_for_next_round
+from servewatch.service import Service
 from servewatch.sli_report import Grouping, build_sli_report
 from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
 from slo.alert_state import changes_from_frame
@@ -635,6 +639,41 @@ def alerts(as_json: JsonOption = False) -> None:
         print_json({"alerts": [change_json(c) for c in changes]})
         return
     out_console.print(alerts_table(changes))
+
+
+@app.command()
+def run(
+    config_path: Annotated[
+        Path, typer.Option("--config", help="servewatch.toml: targets, OTLP listener, SLOs.")
+    ] = Path("servewatch.toml"),
+    health_port: Annotated[
+        int, typer.Option(help="Port on 127.0.0.1 for the service's /metrics and /healthz.")
+    ] = 9464,
+) -> None:
+    """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
+
+    SIGTERM or Ctrl-C finishes the running jobs, writes what is pending and exits 0. A config
+    file that turns invalid while running is reported and the last good one stays in use.
+    """
+    try:
+        service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
+    except (ConfigError, SloSetupError, SpecError) as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    err_console.print(
+        f"servewatch run: store {service.store.path}, OTLP {service.receiver.endpoint}, "
+        f"health http://127.0.0.1:{health_port}/healthz",
+        highlight=False,
+    )
+    try:
+        service.run_until(stop, health_port=health_port)
+    except OSError as exc:
+        raise fail(f"cannot start: {exc}") from exc
 
 
 @app.command()

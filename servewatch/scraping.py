@@ -37,7 +37,7 @@ def page_of(result: ScrapeResult) -> Page:
     )
 
 
-async def _fetch(targets: list[Target], settings: ScrapeSettings) -> list[ScrapeResult]:
+async def fetch_results(targets: list[Target], settings: ScrapeSettings) -> list[ScrapeResult]:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits, follow_redirects=False) as client:
         return await scrape_targets(targets, client=client, timeout_s=settings.timeout_s)
@@ -46,7 +46,7 @@ async def _fetch(targets: list[Target], settings: ScrapeSettings) -> list[Scrape
 def scrape_round(
     targets: list[Target], *, store: Store, settings: ScrapeSettings
 ) -> MetricIngestReport:
-    results = asyncio.run(_fetch(targets, settings))
+    results = asyncio.run(fetch_results(targets, settings))
     return ingest_pages(
         [page_of(r) for r in results], store=store, keep_uncatalogued=settings.keep_uncatalogued
     )

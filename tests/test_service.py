@@ -1,0 +1,144 @@
+"""`servewatch run` as a user runs it: a real process scraping a real endpoint and receiving
+real OTLP exports, one writer per store, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from pipeline.store import Store
+from tests.conftest import FIXTURES
+from tests.test_otlp_receiver import make_spans
+
+PAGE = (FIXTURES / "samples" / "vllm_metrics_production-stack-issue-617.txt").read_bytes()
+SERVEWATCH = [sys.executable, "-m", "servewatch.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PageHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(PAGE)))
+        self.end_headers()
+        self.wfile.write(PAGE)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PageHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def poll(check: object, *, deadline_s: float, what: str) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def metric_value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+@pytest.mark.slow
+def test_run_scrapes_receives_and_stops_cleanly(endpoint: str, tmp_path: Path) -> None:
+    otlp_port, health_port = free_port(), free_port()
+    db = tmp_path / "fleet.duckdb"
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        f"""
+[store]
+path = "{db}"
+[scrape]
+interval_s = 1
+timeout_s = 1
+[[targets]]
+kind = "vllm"
+url = "{endpoint}"
+replica = "vllm-0"
+[otlp]
+listen = "127.0.0.1:{otlp_port}"
+""",
+        encoding="utf-8",
+    )
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        health = f"http://127.0.0.1:{health_port}"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{health}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        poll(healthy, deadline_s=30, what="/healthz")
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces", timeout=5)
+        assert exporter.export(make_spans(20)) == SpanExportResult.SUCCESS
+        exporter.shutdown()
+
+        def scraped_and_received() -> bool:
+            text = httpx.get(f"{health}/metrics", timeout=1).text
+            return (
+                metric_value(text, "servewatch_samples_ingested_total") > 0
+                and metric_value(text, "servewatch_spans_ingested_total") >= 20
+            )
+
+        poll(scraped_and_received, deadline_s=30, what="a scrape and the spans")
+
+        second = subprocess.run(
+            [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert "in use by another process" in " ".join(second.stderr.split())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    with Store.open(db) as store:
+        assert store.count("requests") == 20
+        assert store.count("scrapes") >= 1
+        assert store.count("points") > 0
