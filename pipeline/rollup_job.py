@@ -9,7 +9,7 @@ of SLO criteria (a different fingerprint) recomputes everything once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,34 +28,37 @@ class RollupReport:
     watermark_ts: datetime | None
 
 
+# Bump when request_minutes' computation changes, so stored minutes are recomputed once.
+REQUEST_MINUTES_VERSION = "request_minutes/1"
+
+
 def criteria_fingerprint(criteria: Sequence[EventCriterion]) -> str:
     text = "|".join(sorted(repr(c) for c in criteria))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def roll_up_requests(store: Store, *, criteria: Sequence[EventCriterion]) -> RollupReport:
-    """Bring `request_minutes` and `slo_minutes` up to date with the `requests` table."""
-    watermark_ts, stored_fingerprint = store.watermark("requests")
+def _roll_up(
+    store: Store,
+    *,
+    table: str,
+    fingerprint: str,
+    compute: Callable[[pl.LazyFrame], pl.LazyFrame],
+    schema: pl.Schema,
+) -> RollupReport:
+    watermark_ts, stored_fingerprint = store.watermark(table)
     # The next watermark is this run's start: with one writer, everything written before it is
     # seen now, and anything written later is stamped at or after it.
     run_ts = store.now()
-    fingerprint = criteria_fingerprint(criteria)
     full = stored_fingerprint != fingerprint
     minutes = store.minutes_ingested_since(None if full else watermark_ts)
     if not minutes and not full:
         return RollupReport(minutes=0, requests=0, full=False, watermark_ts=watermark_ts)
     requests = store.read_requests_in_minutes(minutes)
-    per_replica, per_slo, counted = pl.collect_all(
-        [
-            request_minutes(requests).select(REQUEST_MINUTES_SCHEMA.names()),
-            slo_minutes(requests, criteria=criteria),
-            requests.select(pl.len()),
-        ]
-    )
-    store.replace_request_rollups(
+    rows, counted = pl.collect_all([compute(requests), requests.select(pl.len())])
+    store.replace_minute_rollup(
+        table,
         minutes=minutes,
-        request_minutes=per_replica.cast(REQUEST_MINUTES_SCHEMA),
-        slo_minutes=per_slo.cast(SLO_MINUTES_SCHEMA),
+        frame=rows.select(schema.names()).cast(schema),
         watermark_ts=run_ts,
         fingerprint=fingerprint,
         full=full,
@@ -63,3 +66,31 @@ def roll_up_requests(store: Store, *, criteria: Sequence[EventCriterion]) -> Rol
     return RollupReport(
         minutes=len(minutes), requests=int(counted.item()), full=full, watermark_ts=run_ts
     )
+
+
+def roll_up_request_minutes(store: Store) -> RollupReport:
+    """Bring `request_minutes` up to date with the `requests` table."""
+    return _roll_up(
+        store,
+        table="request_minutes",
+        fingerprint=REQUEST_MINUTES_VERSION,
+        compute=request_minutes,
+        schema=REQUEST_MINUTES_SCHEMA,
+    )
+
+
+def roll_up_slo_minutes(store: Store, *, criteria: Sequence[EventCriterion]) -> RollupReport:
+    """Bring `slo_minutes` up to date for `criteria` (a change of criteria recomputes all)."""
+    return _roll_up(
+        store,
+        table="slo_minutes",
+        fingerprint=criteria_fingerprint(criteria),
+        compute=lambda requests: slo_minutes(requests, criteria=criteria),
+        schema=SLO_MINUTES_SCHEMA,
+    )
+
+
+def roll_up_requests(store: Store, *, criteria: Sequence[EventCriterion]) -> RollupReport:
+    """Both request rollups; reports on `slo_minutes`."""
+    roll_up_request_minutes(store)
+    return roll_up_slo_minutes(store, criteria=criteria)

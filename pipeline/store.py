@@ -260,6 +260,8 @@ MIGRATIONS += (
 
 LATEST_VERSION = MIGRATIONS[-1].version
 
+_ROLLUP_SCHEMAS = {"request_minutes": REQUEST_MINUTES_SCHEMA, "slo_minutes": SLO_MINUTES_SCHEMA}
+
 
 def _column_list(schema: pl.Schema) -> str:
     return ", ".join(schema.names())
@@ -573,55 +575,52 @@ class Store:
         finally:
             self._con.unregister("wanted_minutes")
 
-    def replace_request_rollups(
+    def replace_minute_rollup(
         self,
+        table: str,
         *,
         minutes: Sequence[datetime],
-        request_minutes: pl.DataFrame,
-        slo_minutes: pl.DataFrame,
+        frame: pl.DataFrame,
         watermark_ts: datetime | None,
         fingerprint: str,
         full: bool = False,
     ) -> None:
-        """Swap in recomputed rollups for `minutes` (all minutes when `full`) and move the
-        watermark, in one transaction, so a crash leaves either the old or the new state."""
-        _check_schema("request_minutes", request_minutes, REQUEST_MINUTES_SCHEMA)
-        _check_schema("slo_minutes", slo_minutes, SLO_MINUTES_SCHEMA)
+        """Swap in recomputed rows of a minute rollup (`request_minutes` or `slo_minutes`) for
+        `minutes` (all minutes when `full`) and move its watermark, in one transaction, so a
+        crash leaves either the old or the new state."""
+        schema = _ROLLUP_SCHEMAS.get(table)
+        if schema is None:
+            raise StoreError(f"not a minute rollup: {table!r}; allowed: {sorted(_ROLLUP_SCHEMAS)}")
+        _check_schema(table, frame, schema)
         wanted = pl.DataFrame({"m": list(minutes)}, schema={"m": pl.Datetime("us")})
         self._con.register("wanted_minutes", wanted.to_arrow())
-        self._con.register("new_request_minutes", request_minutes.to_arrow())
-        self._con.register("new_slo_minutes", slo_minutes.to_arrow())
+        self._con.register("new_rollup_rows", frame.to_arrow())
         self._con.execute("BEGIN TRANSACTION")
         try:
-            for table in ("request_minutes", "slo_minutes"):
-                if full:
-                    self._con.execute(f"DELETE FROM {table}")
-                else:
-                    self._con.execute(
-                        f"DELETE FROM {table} WHERE minute_ts IN (SELECT m FROM wanted_minutes)"
-                    )
+            if full:
+                self._con.execute(f"DELETE FROM {table}")
+            else:
+                self._con.execute(
+                    f"DELETE FROM {table} WHERE minute_ts IN (SELECT m FROM wanted_minutes)"
+                )
             self._con.execute(
-                f"INSERT INTO request_minutes ({_column_list(REQUEST_MINUTES_SCHEMA)}) "
-                f"SELECT {_column_list(REQUEST_MINUTES_SCHEMA)} FROM new_request_minutes"
-            )
-            self._con.execute(
-                f"INSERT INTO slo_minutes ({_column_list(SLO_MINUTES_SCHEMA)}) "
-                f"SELECT {_column_list(SLO_MINUTES_SCHEMA)} FROM new_slo_minutes"
+                f"INSERT INTO {table} ({_column_list(schema)}) "
+                f"SELECT {_column_list(schema)} FROM new_rollup_rows"
             )
             self._con.execute(
                 """
-                INSERT INTO rollup_watermarks VALUES ('requests', ?, ?, ?)
+                INSERT INTO rollup_watermarks VALUES (?, ?, ?, ?)
                 ON CONFLICT (source) DO UPDATE SET watermark_ts = excluded.watermark_ts,
                     fingerprint = excluded.fingerprint, updated_ts = excluded.updated_ts
                 """,
-                [watermark_ts, fingerprint, self._clock()],
+                [table, watermark_ts, fingerprint, self._clock()],
             )
             self._con.execute("COMMIT")
         except duckdb.Error as exc:
             self._con.execute("ROLLBACK")
-            raise StoreError(f"replacing request rollups in {self.path} failed: {exc}") from exc
+            raise StoreError(f"replacing {table} in {self.path} failed: {exc}") from exc
         finally:
-            for name in ("wanted_minutes", "new_request_minutes", "new_slo_minutes"):
+            for name in ("wanted_minutes", "new_rollup_rows"):
                 self._con.unregister(name)
 
     def read_request_minutes(

@@ -7,6 +7,7 @@ print exactly one JSON document on stdout; progress and messages go to stderr.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import signal
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import polars as pl
 import typer
 from rich.markdown import Markdown
 from rich.progress import (
@@ -27,7 +29,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from capacity.requirement import RequirementError
+from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
 from capacity.worksheet import size_from_file
 from collectors.fixture_folder import FixtureError
@@ -37,10 +39,12 @@ from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from pipeline.request_sli import GoodputLimits
 from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
+from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
 from servewatch.instants import format_instant, parse_duration, parse_instant
+from servewatch.recommend_service import recommend_from_store
 from servewatch.render import (
     alerts_table,
     change_json,
@@ -639,6 +643,55 @@ def alerts(as_json: JsonOption = False) -> None:
         print_json({"alerts": [change_json(c) for c in changes]})
         return
     out_console.print(alerts_table(changes))
+
+
+@app.command()
+def recommend(
+    requirement: Annotated[
+        Path,
+        typer.Option(help="Requirement TOML: SLO latency limit, demand, failure unit, costs."),
+    ],
+    from_: Annotated[
+        str | None, typer.Option("--from", help="Use data from this time (ISO 8601 or Unix s).")
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Use data up to this time.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the decision record as Markdown here.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The fleet size for the requirement, from what the fleet did: per-replica capacity refit
+    from the store (with its bootstrap interval), the failure table for where replicas actually
+    sit, the cost of the reserve, and the riskiest assumption with a plan to measure it."""
+    try:
+        spec = load_requirement(requirement)
+    except RequirementError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    with open_store() as store:
+        try:
+            record, measured = recommend_from_store(
+                store, requirement=spec, from_ts=from_ts, to_ts=to_ts
+            )
+        except RequirementError as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+        document = record.to_json()
+        store.write_recommendation(
+            pl.DataFrame(
+                [(utc_now(), spec.name, record.verdict(), json.dumps(document))],
+                schema=RECOMMENDATIONS_SCHEMA,
+                orient="row",
+            )
+        )
+    for note in measured.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    markdown = record.to_markdown()
+    if out is not None:
+        out.write_text(markdown, encoding="utf-8")
+    if as_json:
+        print_json(document)
+    else:
+        out_console.print(Markdown(markdown))
 
 
 @app.command()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.store import Store
 from servewatch.cli import app
 from tests.conftest import FIXTURES
 from tests.test_replay import raw_requests
@@ -83,3 +84,30 @@ def test_missing_slo_files_is_a_usage_error(tmp_path: Path, runner: CliRunner) -
     result = runner.invoke(app, ["--db", str(tmp_path / "x.duckdb"), "slo", "status"])
     assert result.exit_code == 2
     assert "no SLO files" in result.stderr
+
+
+def test_recommend_refits_capacity_from_the_store(
+    db: str, tmp_path: Path, runner: CliRunner
+) -> None:
+    requirement = tmp_path / "req.toml"
+    requirement.write_text(
+        'name = "small"\nfailure_unit = "host"\n[slo]\nlatency = "p95 TTFT"\n'
+        "latency_limit_s = 0.5\n[demand]\nreq_per_min = 60\n[replica]\n"
+        "capacity_req_per_min = 10\n[placement]\nreplicas_per_host = 2\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "decision.md"
+    result = runner.invoke(
+        app,
+        ["--db", db, "recommend", "--requirement", str(requirement), "--out", str(out), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    fit = record["capacity_fit"]
+    assert fit["points"] > 3
+    assert fit["load_unit"] == "req/s"
+    assert fit["knee_low_load"] <= fit["knee_load"] <= fit["knee_high_load"]
+    assert any("measured" in note for note in record["notes"])
+    assert "Capacity decision record" in out.read_text(encoding="utf-8")
+    with Store.open(db) as store:
+        assert store.count("recommendations") == 1
