@@ -102,3 +102,15 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("[store\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_the_documented_example_parses() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text(
+        encoding="utf-8"
+    )
+    block = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    import tomllib
+
+    config = parse_config(tomllib.loads(block), source=Path("servewatch.toml"))
+    assert config.targets[0].replica == "vllm-0"
+    assert config.slo.alertmanager_url == "http://127.0.0.1:9093"
