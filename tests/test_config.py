@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,8 +110,6 @@ def test_the_documented_example_parses() -> None:
         encoding="utf-8"
     )
     block = doc.split("```toml\n", 1)[1].split("```", 1)[0]
-    import tomllib
-
     config = parse_config(tomllib.loads(block), source=Path("servewatch.toml"))
     assert config.targets[0].replica == "vllm-0"
     assert config.slo.alertmanager_url == "http://127.0.0.1:9093"
