@@ -20,6 +20,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from pipeline.store import Store
+from servewatch.service import Service
 from tests.conftest import FIXTURES
 from tests.test_otlp_receiver import make_spans
 
@@ -142,3 +143,59 @@ listen = "127.0.0.1:{otlp_port}"
         assert store.count("requests") == 20
         assert store.count("scrapes") >= 1
         assert store.count("points") > 0
+
+
+def service_config(tmp_path: Path, *, interval_s: float = 15) -> Path:
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "s.duckdb"}"\n[scrape]\ninterval_s = {interval_s}\n'
+        '[otlp]\nlisten = "127.0.0.1:0"\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+def test_a_failing_job_is_logged_with_its_traceback_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = Service(service_config(tmp_path))
+    try:
+
+        def boom() -> None:
+            raise RuntimeError("disk on fire")
+
+        job = service._timed("boom", boom)
+        job()
+        job()
+        assert service.metrics.job_failures.labels("boom")._value.get() == 2
+        records = [r for r in caplog.records if "job boom failed" in r.getMessage()]
+        assert records
+        assert records[0].exc_info is not None
+        assert "disk on fire" in str(records[0].exc_info[1])
+        ok = service._timed("fine", lambda: None)
+        ok()  # the next job runs as usual
+        assert service.metrics.job_last_success.labels("fine")._value.get() > 0
+    finally:
+        service.stop()
+
+
+def test_an_invalid_config_keeps_the_last_good_one(tmp_path: Path) -> None:
+    path = service_config(tmp_path, interval_s=17)
+    service = Service(path)
+    try:
+        path.write_text("[scrape]\ninterval_s = -1\n", encoding="utf-8")
+        service.reload_config()
+        assert service.state.config.scrape.interval_s == 17
+        assert service.metrics.config_errors._value.get() == 1
+        path.write_text("[[broken", encoding="utf-8")
+        service.reload_config()
+        assert service.metrics.config_errors._value.get() == 2
+        assert service.metrics.config_age._value.get() >= 0
+        path.write_text(
+            f'[store]\npath = "{tmp_path / "s.duckdb"}"\n[scrape]\ninterval_s = 9\n',
+            encoding="utf-8",
+        )
+        service.reload_config()
+        assert service.state.config.scrape.interval_s == 19
+    finally:
+        service.stop()
