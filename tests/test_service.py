@@ -192,7 +192,7 @@ def test_an_invalid_config_keeps_the_last_good_one(tmp_path: Path) -> None:
         assert service.metrics.config_errors._value.get() == 2
         assert service.metrics.config_age._value.get() >= 0
         path.write_text(
-            f'[store]\npath = "{tmp_path / "s.duckdb"}"\n[scrape]\ninterval_s = 9\n',
+            f'[store]\npath = "{tmp_path / "s.duckdb"}"\n[scrape]\ninterval_s = 19\n',
             encoding="utf-8",
         )
         service.reload_config()
