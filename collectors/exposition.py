@@ -9,11 +9,11 @@ A malformed line never costs the rest of the page: it becomes a `LineError` with
 line number and every well-formed sample is still returned. `_created` samples are counted and
 left out, because they hold a creation time, not a measurement.
 
-Speed: a page is first read by a fast path that cuts lines with `str.find` and checks names,
-label sets and values in bulk, parsing each distinct label set once (`SeriesCache`). Any page the
-fast path cannot vouch for is read again, line by line, by `parse_sample_line`, the reference
-grammar, which also words the errors; both paths give the same result for any page the fast
-path accepts.
+Speed: a page is first read by a fast path that cuts lines with `str` methods only and checks
+names, label sets and values in bulk, parsing each distinct series key and label set once
+(`SeriesCache`). Any page the fast path cannot vouch for is read again, line by line, by
+`parse_sample_line`, the reference grammar, which also words the errors and numbers the lines;
+both paths give the same result for any page the fast path accepts.
 """
 
 from __future__ import annotations
@@ -43,25 +43,25 @@ SAMPLES_SCHEMA = pl.Schema(
 
 _NAME_RE = re.compile(NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
-# One `name="value"` pair and what ends it: a comma or the end of the label set. Whitespace
-# around tokens is tolerated, as Prometheus's own text parser does.
-_PAIR_RE = re.compile(
-    r"[ \t]*+(" + LABEL_NAME_PATTERN + r')[ \t]*+=[ \t]*+"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t]*+(,|$)'
-)
+# A quoted label value: any escaped character, otherwise anything but a quote or backslash.
 _QUOTED = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_QUOTED_RAW = r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
+# Whitespace around tokens is tolerated, as Prometheus's own text parser does.
 _PAIR_TEXT = LABEL_NAME_PATTERN + r"[ \t]*+=[ \t]*+" + _QUOTED
+_PAIR_FIND_RE = re.compile("(" + LABEL_NAME_PATTERN + r")[ \t]*+=[ \t]*+" + _QUOTED_RAW)
 # A whole well-formed label set, checked in one call; pairs are then read with findall.
 _LABEL_SET_RE = re.compile(
     r"[ \t]*+(?:" + _PAIR_TEXT + r"[ \t]*+,[ \t]*+)*+(?:" + _PAIR_TEXT + r"[ \t]*+)?+"
 )
-_PAIR_FIND_RE = re.compile(
-    "(" + LABEL_NAME_PATTERN + r')[ \t]*+=[ \t]*+"([^"\\]*+(?:\\.[^"\\]*+)*+)"'
+# One pair and what ends it, a comma or the end of the set: the stepwise (error) path.
+_PAIR_RE = re.compile(
+    r"[ \t]*+(" + LABEL_NAME_PATTERN + r")[ \t]*+=[ \t]*+" + _QUOTED_RAW + r"[ \t]*+(,|$)"
 )
 _LABEL_ESCAPE_RE = re.compile(r'\\([\\"n])')
 _TEXT_HELP_ESCAPE_RE = re.compile(r"\\([\\n])")
 _UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
 # A label set from `{` to its `}`: braces inside quoted values do not end it.
-_BLOCK_RE = re.compile(r'\{((?:[^"}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+)\}')
+_BLOCK_RE = re.compile(r'\{((?:[^"}]++|' + _QUOTED + r")*+)\}")
 _VALUE_RE = re.compile(
     r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
 )
@@ -129,6 +129,15 @@ class LineError:
 
 class ExpositionLineError(ValueError):
     """One line breaks the exposition grammar; the message says what and what is allowed."""
+
+
+class LabelSetError(ExpositionLineError):
+    """A label set breaks the grammar; `offset` is where, 0-based within the label-set text."""
+
+    def __init__(self, reason: str, offset: int) -> None:
+        super().__init__(f"{reason} at column {offset + 1} of the label set")
+        self.reason = reason
+        self.offset = offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,12 +272,13 @@ def _parse_labels_stepwise(block: str) -> dict[str, str]:
         if match is None:
             if not block[pos:].strip():
                 break
-            raise ExpositionLineError(_label_problem(block, pos))
+            raise _label_problem(block, pos)
         name, raw, separator = match.groups()
+        at = match.start(1)
         if name in labels:
-            raise ExpositionLineError(f"label {name!r} appears twice in one label set")
+            raise LabelSetError(f"label {name!r} appears twice in one label set", at)
         if name == "__name__":
-            raise ExpositionLineError("the metric name must precede the braces, not be __name__")
+            raise LabelSetError("the metric name must precede the braces, not be __name__", at)
         labels[name] = _unescape_label_value(raw) if "\\" in raw else raw
         pos = match.end()
         if not separator:
@@ -276,25 +286,29 @@ def _parse_labels_stepwise(block: str) -> dict[str, str]:
     return labels
 
 
-def _label_problem(block: str, pos: int) -> str:
+def _label_problem(block: str, pos: int) -> LabelSetError:
     """Why the label pair starting at `pos` does not parse (the error path only)."""
     rest = block[pos:].lstrip(" \t")
-    column = len(block) - len(rest) + 1
-    where = f"in the label set at column {column}"
+    at = len(block) - len(rest)
     name = _LABEL_NAME_RE.match(rest)
     if name is None:
-        found = rest[:1]
-        return f"expected a label name matching {LABEL_NAME_PATTERN} {where}, found {found!r}"
+        return LabelSetError(
+            f"expected a label name matching {LABEL_NAME_PATTERN}, found {rest[:1]!r}", at
+        )
+    label = name.group()
     after = rest[name.end() :].lstrip(" \t")
+    at = len(block) - len(after)
     if not after.startswith("="):
-        return f"expected '=' after label name {name.group()!r} {where}"
+        return LabelSetError(f"expected '=' after label name {label!r}", at)
     value = after[1:].lstrip(" \t")
+    at = len(block) - len(value)
     if not value.startswith('"'):
-        return f"the value of label {name.group()!r} must be in double quotes {where}"
-    closed = re.match(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"', value)
+        return LabelSetError(f"the value of label {label!r} must be in double quotes", at)
+    closed = re.match(_QUOTED, value)
     if closed is None:
-        return f"the value of label {name.group()!r} has no closing quote {where}"
-    return f"expected ',' or '}}' after the value of label {name.group()!r} {where}"
+        return LabelSetError(f"the value of label {label!r} has no closing quote", at)
+    at += closed.end()
+    return LabelSetError(f"expected ',' or '}}' after the value of label {label!r}", at)
 
 
 def parse_value(token: str) -> float:
@@ -332,16 +346,20 @@ def _split_exemplar(rest: str) -> str:
         raise ExpositionLineError(
             "malformed exemplar: expected '# {labels} value [timestamp]' after the value"
         )
-    parse_labels(block.group(1))
-    parse_value(tokens[0])
-    if len(tokens) == 2:
-        parse_timestamp_ms(tokens[1], openmetrics=True)
+    try:
+        parse_labels(block.group(1))
+        parse_value(tokens[0])
+        if len(tokens) == 2:
+            parse_timestamp_ms(tokens[1], openmetrics=True)
+    except ExpositionLineError as exc:
+        raise ExpositionLineError(f"malformed exemplar: {exc}") from exc
     return value_part
 
 
 def parse_sample_line(line: str, *, openmetrics: bool = False) -> Sample:
     """One sample line, by the reference grammar; raises ExpositionLineError if malformed."""
     text = line.strip()
+    indent = len(line) - len(line.lstrip())
     name_match = _NAME_RE.match(text)
     if name_match is None:
         if text.startswith("{"):
@@ -357,15 +375,17 @@ def parse_sample_line(line: str, *, openmetrics: bool = False) -> Sample:
     if text.startswith("{", pos):
         block = _BLOCK_RE.match(text, pos)
         if block is None:
-            raise ExpositionLineError(_unclosed_block(text, pos))
+            raise ExpositionLineError(_unclosed_block(text, pos, indent))
         try:
             labels = parse_labels(block.group(1))
-        except ExpositionLineError as exc:
-            raise ExpositionLineError(f"{exc} (label set starts at column {pos + 1})") from exc
+        except LabelSetError as exc:
+            column = indent + pos + 2 + exc.offset  # 1-based, past the '{'
+            raise ExpositionLineError(f"{exc.reason} at column {column}") from exc
         pos = block.end()
     elif pos == name_match.end() and pos < len(text):
         raise ExpositionLineError(
-            f"metric name {name!r} is followed by {text[pos]!r}: names match {NAME_PATTERN}"
+            f"metric name {name!r} is followed by {text[pos]!r} at column {indent + pos + 1}: "
+            f"names match {NAME_PATTERN}"
         )
     rest = text[pos:]
     if openmetrics and "#" in rest:
@@ -385,7 +405,7 @@ def parse_sample_line(line: str, *, openmetrics: bool = False) -> Sample:
     return Sample(name, labels, value, timestamp_ms)
 
 
-def _unclosed_block(text: str, pos: int) -> str:
+def _unclosed_block(text: str, pos: int, indent: int) -> str:
     quotes = 0
     escaped = False
     for char in text[pos:]:
@@ -395,9 +415,10 @@ def _unclosed_block(text: str, pos: int) -> str:
             escaped = quotes % 2 == 1
         elif char == '"':
             quotes += 1
+    column = indent + pos + 1
     if quotes % 2:
-        return f"a label value in the label set at column {pos + 1} has no closing quote"
-    return f"the label set opened at column {pos + 1} has no closing '}}'"
+        return f"a label value in the label set opened at column {column} has no closing quote"
+    return f"the label set opened at column {column} has no closing '}}'"
 
 
 def detect_format(text: str) -> ExpositionFormat:
@@ -587,16 +608,23 @@ def _learn_series(keys: set[str], cache: SeriesCache) -> None:
             known_blocks[block] = canonical_labels(parse_labels(block))
         except (ExpositionLineError, orjson.JSONEncodeError):
             known_blocks[block] = None
-    bad_names = {name for name in set(names) if _NAME_RE.fullmatch(name) is None}
-    for key, name, brace, block in zip(new, names, braces, blocks, strict=True):
-        labels = known_blocks[block]
-        if labels is None or not brace or name in bad_names:
-            cache.malformed.add(key)
-            continue
-        cache.series_labels[key] = labels
-        cache.series_names[key] = name
-        if name.endswith(CREATED_SUFFIX):
-            cache.created.add(key)
+    labels = list(map(known_blocks.__getitem__, blocks))
+    distinct_names = set(names)
+    bad_names = {name for name in distinct_names if _NAME_RE.fullmatch(name) is None}
+    if bad_names or None in labels or "" in braces:
+        good = [
+            label is not None and brace != "" and name not in bad_names
+            for name, brace, label in zip(names, braces, labels, strict=True)
+        ]
+        cache.malformed.update(itertools.compress(new, map(operator.not_, good)))
+        new = list(itertools.compress(new, good))
+        names = tuple(itertools.compress(names, good))
+        labels = list(itertools.compress(labels, good))
+    cache.series_labels.update(zip(new, labels, strict=True))  # type: ignore[arg-type]
+    cache.series_names.update(zip(new, names, strict=True))
+    created = {name for name in distinct_names if name.endswith(CREATED_SUFFIX)}
+    if created:
+        cache.created.update(key for key, name in zip(new, names, strict=True) if name in created)
 
 
 def _values(rests: list[str], *, openmetrics: bool) -> tuple[list[float], list[int | None]] | None:
@@ -657,7 +685,7 @@ def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:
                 elif declaration is not None and declaration is not _EOF:
                     families.add(declaration)
                 continue
-            sample = parse_sample_line(stripped, openmetrics=openmetrics)
+            sample = parse_sample_line(line, openmetrics=openmetrics)
             labels = canonical_labels(sample.labels)
         except ExpositionLineError as exc:
             page.errors.append(LineError(number, str(exc), line))

@@ -479,6 +479,7 @@ def damaged_pages(draw: st.DrawFn) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=damaged_pages())
 def test_fast_path_agrees_with_the_line_grammar_on_damaged_pages(text: str) -> None:
@@ -573,37 +574,63 @@ def test_bad_line_is_reported_by_number_and_the_rest_kept(
     assert page.families["vllm:num_requests_running"].type is MetricType.GAUGE
 
 
+def promtool_parse_error(promtool: str, text: str) -> str:
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    return output[output.index("parsing error") :].strip() if "parsing error" in output else ""
+
+
 def test_promtool_rejects_the_same_lines() -> None:
-    """Go's own text parser, as promtool runs it, stops at the same line for each bad kind."""
+    """Go's own text parser, as promtool runs it, stops at the same line for each bad kind,
+    and accepts the lenient spellings we say it accepts."""
     promtool = require_program("promtool")
     for bad_line, _, go_rejects in BAD_LINES:
-        result = subprocess.run(
-            [promtool, "check", "metrics"],
-            input=page_with(bad_line),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        output = result.stdout + result.stderr
-        parse_error = "parsing error in line 4:" in output
-        assert parse_error == go_rejects, f"{bad_line!r}: promtool said {output.strip()!r}"
+        error = promtool_parse_error(promtool, page_with(bad_line))
+        assert error.startswith("parsing error in line 4:") == go_rejects, (bad_line, error)
+    for line, go_accepts in LENIENT_LINES:
+        error = promtool_parse_error(promtool, page_with(line))
+        assert (error == "") == go_accepts, (line, error)
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "column", "char"),
     [
-        'vllm:kv{a="b",} 3',
-        'vllm:kv {a="b"} 3',
-        'vllm:kv{a = "b"} 3',
-        'vllm:kv{ a="b" } 3',
-        'vllm:kv{a="b"}3',
-        "  vllm:kv 3",
-        "vllm:kv\t3",
-        'vllm:kv{a="b"} 3\r',
+        ("vllm:kv{engine=0} 3", 16, "0"),
+        ("  vllm:kv{engine=0} 3", 18, "0"),
+        ('vllm:kv{engine="0" model="m"} 3', 19, " "),
+        ('vllm:kv { engine = "0", 1x="m"} 3', 25, "1"),
+        ("vllm-kv 3", 5, "-"),
     ],
 )
-def test_spellings_go_also_accepts_are_read(line: str) -> None:
+def test_error_columns_point_into_the_line(line: str, column: int, char: str) -> None:
+    (error,) = parse_exposition(line).errors
+    assert f"at column {column}" in error.message
+    assert line[column - 1] == char
+
+
+# (line, whether Go's parser accepts it too): what we take beyond Go is only whitespace.
+LENIENT_LINES = [
+    ('vllm:kv{a="b",} 3', True),
+    ('vllm:kv {a="b"} 3', True),
+    ('vllm:kv{a = "b"} 3', True),
+    ('vllm:kv{ a="b" } 3', True),
+    ('vllm:kv{a="b"}3', True),
+    ("  vllm:kv 3", True),
+    ("vllm:kv\t3", True),
+    ("vllm:kv 3 ", False),
+    ('vllm:kv{a="b"} 3\r', False),
+]
+
+
+@pytest.mark.parametrize("line", [line for line, _ in LENIENT_LINES])
+def test_lenient_spellings_are_read(line: str) -> None:
     page = parse_exposition(line + "\n")
     assert page.errors == []
     assert page.value == [3.0]
