@@ -37,7 +37,10 @@ from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
 from collectors.replay import fixture_page_count, replay_fixture
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
+from dashboards.export import write_report
+from dashboards.report import ReportInputs, build_report
 from pipeline.request_sli import GoodputLimits
+from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
@@ -692,6 +695,46 @@ def recommend(
         print_json(document)
     else:
         out_console.print(Markdown(markdown))
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="Folder for report.html and charts/.")] = Path("report"),
+    from_: Annotated[
+        str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
+    ] = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")
+    ] = None,
+    ttft_ms: Annotated[float | None, typer.Option("--ttft-ms", help="TTFT limit, ms.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", help="TPOT limit, ms.")] = None,
+    images: Annotated[bool, typer.Option(help="Also write a PNG and an SVG per chart.")] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Write an offline report: report.html (scripts inlined, nothing fetched) with every chart
+    the store's data supports, plus a PNG, an SVG and the Vega-Lite JSON per chart."""
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    limits = GoodputLimits(
+        ttft_s=_limit_s(ttft_ms, "--ttft-ms"), tpot_s=_limit_s(tpot_ms, "--tpot-ms")
+    )
+    with open_store() as store:
+        roll_up_request_minutes(store)
+        inputs = ReportInputs(
+            requests=store.read_requests(from_ts=from_ts, to_ts=to_ts),
+            request_minutes=store.read_request_minutes(from_ts=from_ts, to_ts=to_ts),
+            slo_minutes=store.read_slo_minutes(from_ts=from_ts, to_ts=to_ts),
+            sli_report=build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts),
+        )
+        built = build_report(
+            inputs, window=(from_ts, to_ts) if from_ts and to_ts else None, limits=limits
+        )
+    with err_console.status("rendering charts"):
+        files = write_report(built, out, images=images)
+    document = {"html": str(files.html), "html_bytes": files.html_bytes, "out": str(out)}
+    if as_json:
+        print_json(document)
+    else:
+        out_console.print(f"wrote {files.html} ({files.html_bytes:,} bytes)", highlight=False)
 
 
 @app.command()

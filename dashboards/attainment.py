@@ -1,0 +1,169 @@
+"""Attainment and goodput over time, from the good and total event counts of each SLO.
+
+Input is `slo_minutes` as the pipeline writes it (good and total requests per SLO, replica and
+minute). Counts add, so a bucket's attainment is its good / its total and its goodput is its good
+/ its length: exact at any bucket width, never a mean of ratios. Goodput here is the rate of
+good requests in a window (vLLM's `--goodput`), not the capacity at the SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from dashboards.columns import MINUTE_TS, REPLICA, Column, ColumnKind, FrameContract
+from dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
+from dashboards.panel import (
+    HEIGHT_PX,
+    RATIO_FIGURES,
+    WIDTH_PX,
+    TimeDomain,
+    compact,
+    data_chart,
+    epoch_ms,
+    natural_order,
+    series_lines,
+    titled,
+)
+
+OBJECTIVE_COLOR = "#c0392b"
+
+SLO_EVENTS_CONTRACT = FrameContract(
+    "attainment and goodput charts",
+    (
+        MINUTE_TS,
+        Column("slo", ColumnKind.TEXT, "SLO name"),
+        Column("good", ColumnKind.NUMBER, "good requests in the minute"),
+        Column("total", ColumnKind.NUMBER, "all requests in the minute"),
+    ),
+    optional=(REPLICA,),
+)
+
+
+def _bucketed(rows: pl.DataFrame, *, width_s: int, bucket: pl.Expr) -> pl.DataFrame:
+    return (
+        rows.group_by(bucket.alias("bucket"), "slo")
+        .agg(pl.col("good").sum(), pl.col("total").sum())
+        .with_columns(
+            attainment_ratio=pl.when(pl.col("total") > 0)
+            .then(pl.col("good") / pl.col("total"))
+            .otherwise(None),
+            good_per_s=pl.col("good") / width_s,
+            all_per_s=pl.col("total") / width_s,
+        )
+        .sort("bucket", "slo")
+    )
+
+
+def attainment_chart(
+    frame: pl.DataFrame | pl.LazyFrame,
+    *,
+    objectives: Mapping[str, float] | None = None,
+    domain: TimeDomain | None = None,
+    max_points: int = MAX_POINTS_PER_SERIES,
+) -> Any:
+    """Share of requests meeting each SLO, with each SLO's objective as a dashed line."""
+    rows = SLO_EVENTS_CONTRACT.select(frame)
+    buckets = buckets_for(rows, domain=domain, max_points=max_points)
+    bucketed = _bucketed(rows, width_s=buckets.width_s, bucket=bucket_start("minute_ts", buckets))
+    data = compact(
+        bucketed.drop_nulls("attainment_ratio").select(
+            epoch_ms("bucket").alias("ts"), "slo", "attainment_ratio", "good", "total"
+        ),
+        figures=RATIO_FIGURES,
+    )
+    slos = natural_order(data["slo"].to_list())
+    lines = series_lines(
+        data,
+        y="attainment_ratio",
+        y_title="attainment (% of requests good)",
+        color="slo",
+        color_title="SLO",
+        domain=domain,
+        order=slos,
+        value_format=".2%",
+        points=buckets.minutes <= 30,
+    ).encode(
+        alt.Y(
+            "attainment_ratio:Q",
+            title="attainment (% of requests good)",
+            scale=alt.Scale(zero=False),
+            axis=alt.Axis(format="%"),
+        )
+    )
+    layers = [lines]
+    subtitle = [
+        f"Good requests / all requests per SLO and {buckets.label}, summed over replicas.",
+    ]
+    if objectives:
+        targets = pl.DataFrame(
+            {"slo": list(objectives), "objective_ratio": list(objectives.values())}
+        ).filter(pl.col("slo").is_in(slos))
+        layers.append(
+            data_chart(targets)
+            .mark_rule(color=OBJECTIVE_COLOR, strokeDash=[6, 4])
+            .encode(
+                y="objective_ratio:Q",
+                tooltip=[
+                    alt.Tooltip("slo:N", title="SLO"),
+                    alt.Tooltip("objective_ratio:Q", title="objective", format=".2%"),
+                ],
+            )
+        )
+        subtitle.append(
+            "Dashed: objective ("
+            + ", ".join(f"{slo} {objectives[slo]:.2%}" for slo in slos if slo in objectives)
+            + ")."
+        )
+    subtitle.append(buckets.note_with("good over total summed in it (exact)"))
+    chart = alt.layer(*layers).properties(width=WIDTH_PX, height=HEIGHT_PX)
+    return titled(chart, title="SLO attainment", subtitle=[s for s in subtitle if s])
+
+
+def goodput_chart(
+    frame: pl.DataFrame | pl.LazyFrame,
+    *,
+    domain: TimeDomain | None = None,
+    max_points: int = MAX_POINTS_PER_SERIES,
+) -> Any:
+    """Good requests per second for each SLO, against all requests per second."""
+    rows = SLO_EVENTS_CONTRACT.select(frame)
+    buckets = buckets_for(rows, domain=domain, max_points=max_points)
+    bucketed = _bucketed(rows, width_s=buckets.width_s, bucket=bucket_start("minute_ts", buckets))
+    good = bucketed.select("bucket", series=pl.format("good: {}", "slo"), rate=pl.col("good_per_s"))
+    # Every SLO counts the same requests unless scoped; the largest total is all of them.
+    everything = bucketed.group_by("bucket").agg(
+        series=pl.lit("all requests"), rate=pl.col("all_per_s").max()
+    )
+    data = compact(
+        pl.concat([good, everything.select(good.columns)])
+        .select(epoch_ms("bucket").alias("ts"), "series", "rate")
+        .sort("ts", "series")
+    )
+    order = [
+        "all requests",
+        *natural_order([s for s in data["series"].to_list() if s != "all requests"]),
+    ]
+    lines = series_lines(
+        data,
+        y="rate",
+        y_title="requests per second (req/s)",
+        color="series",
+        color_title="requests",
+        domain=domain,
+        order=order,
+        value_format=".3g",
+        points=buckets.minutes <= 30,
+    )
+    subtitle = [
+        (
+            f"Goodput: requests meeting each SLO per second, per {buckets.label}, against all "
+            "requests per second (fleet)."
+        ),
+        buckets.note_with("requests in it / its length (exact)"),
+    ]
+    chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
+    return titled(chart, title="Goodput", subtitle=[s for s in subtitle if s])

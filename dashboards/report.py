@@ -1,0 +1,508 @@
+"""Report: which charts a report holds, built from whatever frames the caller has.
+
+The caller reads frames from the store (requests, minute rollups, SLO and metric rollups,
+capacity results) and passes them in `ReportInputs`; every field is optional. For each panel the
+best source wins: exact per-request traces over histogram quantiles, a metric's own counter over
+a value derived from spans. A panel with no source is listed in `Report.omitted` with what it
+needs, so a short report says why it is short. Time frames are cut to the report window and all
+time axes share it, so charts line up when read one under another.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Any
+
+import polars as pl
+
+from dashboards.alert_band import alert_bands_chart
+from dashboards.attainment import attainment_chart, goodput_chart
+from dashboards.burn_rate import burn_rate_chart
+from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
+from dashboards.error_budget import budget_remaining_chart
+from dashboards.failure_table import failure_table_chart
+from dashboards.finish_reason import (
+    DERIVED_FROM_SPANS,
+    finish_reason_chart,
+    finish_reasons_from_requests,
+)
+from dashboards.gpu_health import gpu_health_chart
+from dashboards.kv_usage import kv_usage_heatmap
+from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from dashboards.panel import TimeDomain, natural_order
+from dashboards.prefix_cache import prefix_cache_chart
+from dashboards.request_length import LengthKind, lengths_from_requests, request_length_chart
+from dashboards.request_phase import phases_from_requests, request_phase_chart
+from dashboards.scheduler_state import scheduler_state_chart
+from dashboards.token_throughput import throughput_from_request_minutes, token_throughput_chart
+from dashboards.tornado import tornado_chart
+from pipeline.request_minutes import request_minutes
+from pipeline.request_sli import GoodputLimits
+
+Frame = pl.DataFrame | pl.LazyFrame
+TRACES = "traced requests"
+HISTOGRAMS = "vLLM histograms"
+MAX_MODELS_LISTED = 8
+
+
+class Section(Enum):
+    LATENCY = "Latency"
+    SLO = "SLOs, error budgets and alerts"
+    ENGINE = "Engine: scheduler, KV cache and tokens"
+    REQUESTS = "Requests: lengths and finish reasons"
+    GPU = "GPUs"
+    CAPACITY = "Capacity"
+
+
+@dataclass(frozen=True)
+class ReportChart:
+    slug: str
+    section: Section
+    title: str
+    chart: Any
+
+
+@dataclass(frozen=True)
+class Report:
+    title: str
+    window: TimeDomain | None
+    facts: tuple[tuple[str, str], ...]
+    charts: tuple[ReportChart, ...]
+    omitted: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class CapacityView:
+    points: Frame
+    curve: CapacityCurve
+
+
+@dataclass(frozen=True)
+class FailureView:
+    rows: Frame
+    demand_rate: float
+    rate_unit: str
+    failure_unit: str
+
+
+@dataclass(frozen=True)
+class TornadoView:
+    rows: Frame
+    baseline_replicas: int
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """Frames for the report; each field's columns are those of the chart it feeds (see
+    docs/dashboards.md). `latency_percentiles` adds a `stat` column (ttft, tpot, itl, e2e)
+    and `request_lengths` a `kind` column (prompt, generation) to their charts' columns."""
+
+    requests: Frame | None = None
+    request_minutes: Frame | None = None
+    slo_minutes: Frame | None = None
+    sli_report: Mapping[str, Any] | None = None
+    slo_objectives: Mapping[str, float] = field(default_factory=dict)
+    latency_percentiles: Frame | None = None
+    request_phases: Frame | None = None
+    token_throughput: Frame | None = None
+    finish_reasons: Frame | None = None
+    request_lengths: Frame | None = None
+    kv_cache_usage: Frame | None = None
+    prefix_cache: Frame | None = None
+    scheduler_state: Frame | None = None
+    gpu: Frame | None = None
+    xid_events: Frame | None = None
+    budget_remaining: Frame | None = None
+    burn_rates: Frame | None = None
+    burn_thresholds: Frame | None = None
+    alert_intervals: Frame | None = None
+    capacity: CapacityView | None = None
+    failure_table: FailureView | None = None
+    tornado: TornadoView | None = None
+
+
+def slug(text: str) -> str:
+    """A file-name-safe slug of a label (SLO names come from users)."""
+    cleaned = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return cleaned or "unnamed"
+
+
+def _in_window(frame: Frame, column: str, window: TimeDomain | None) -> pl.LazyFrame:
+    lazy = frame.lazy()
+    if window is None:
+        return lazy
+    return lazy.filter((pl.col(column) >= window[0]) & (pl.col(column) < window[1]))
+
+
+def _limits(limits: GoodputLimits | None, sli_report: Mapping[str, Any] | None) -> GoodputLimits:
+    if limits is not None:
+        return limits
+    if sli_report is None:
+        return GoodputLimits()
+    given = sli_report.get("limits", {})
+
+    def seconds(key: str) -> float | None:
+        value = given.get(key)
+        return None if value is None else float(value) / 1000.0
+
+    return GoodputLimits(
+        ttft_s=seconds("ttft_ms"), tpot_s=seconds("tpot_ms"), e2e_s=seconds("e2e_ms")
+    )
+
+
+def _window_text(window: TimeDomain) -> str:
+    minutes = round((window[1] - window[0]).total_seconds() / 60)
+    return f"{window[0]:%Y-%m-%d %H:%M} to {window[1]:%Y-%m-%d %H:%M} UTC ({minutes:,} minutes)"
+
+
+def _ms_triplet(values: Mapping[str, Any]) -> str:
+    parts = [values.get(p) for p in ("p50", "p95", "p99")]
+    numbers = [float(v) for v in parts if v is not None]
+    if len(numbers) < len(parts):
+        return "-"
+    return " / ".join(f"{v * 1000:,.0f}" for v in numbers) + " ms"
+
+
+def _facts(
+    *,
+    window: TimeDomain | None,
+    requests: pl.DataFrame | None,
+    sli_report: Mapping[str, Any] | None,
+    limits: GoodputLimits,
+) -> tuple[tuple[str, str], ...]:
+    facts: list[tuple[str, str]] = []
+    if window is not None:
+        facts.append(("window", _window_text(window)))
+    if requests is not None:
+        failed = requests.filter(~pl.col("ok")).height
+        facts.append(("requests", f"{requests.height:,} ({failed:,} failed)"))
+        replicas = natural_order([r for r in requests["replica"].to_list() if r is not None])
+        facts.append(("replicas", f"{len(replicas):,}"))
+        models = natural_order([m for m in requests["model"].to_list() if m is not None])
+        if models:
+            listed = ", ".join(models[:MAX_MODELS_LISTED])
+            more = len(models) - MAX_MODELS_LISTED
+            facts.append(("models", listed + (f" and {more} more" if more > 0 else "")))
+    given = [
+        f"{name} <= {value * 1000:g} ms"
+        for name, value in (("TTFT", limits.ttft_s), ("TPOT", limits.tpot_s), ("e2e", limits.e2e_s))
+        if value is not None
+    ]
+    if given:
+        facts.append(("latency limits", ", ".join(given)))
+    if sli_report is not None:
+        overall = sli_report.get("overall", {})
+        for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "e2e")):
+            if key in overall:
+                facts.append((f"{name} p50 / p95 / p99", _ms_triplet(overall[key])))
+        attainment = overall.get("attainment_ratio")
+        if attainment is not None:
+            facts.append(("attainment", f"{float(attainment):.2%} of requests met every limit"))
+        goodput = overall.get("goodput_rps")
+        if goodput is not None:
+            facts.append(("goodput", f"{float(goodput):.3g} good requests/s"))
+    return tuple(facts)
+
+
+def _window_of(frames: list[tuple[pl.LazyFrame, str]]) -> TimeDomain | None:
+    firsts: list[datetime] = []
+    lasts: list[datetime] = []
+    for frame, column in frames:
+        bounds = frame.select(
+            first=pl.col(column).min().dt.truncate("1m"), last=pl.col(column).max()
+        ).collect()
+        first, last = bounds["first"][0], bounds["last"][0]
+        if isinstance(first, datetime) and isinstance(last, datetime):
+            firsts.append(first)
+            lasts.append(last)
+    if not firsts:
+        return None
+    end = max(lasts).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return (min(firsts), end)
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        return moment
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+class _Builder:
+    """Collects charts and omissions in report order."""
+
+    def __init__(self) -> None:
+        self.charts: list[ReportChart] = []
+        self.omitted: list[tuple[str, str]] = []
+
+    def add(self, slug_: str, section: Section, title: str, chart: Any) -> None:
+        taken = {c.slug for c in self.charts}
+        unique, n = slug_, 2
+        while unique in taken:
+            unique, n = f"{slug_}-{n}", n + 1
+        self.charts.append(ReportChart(unique, section, title, chart))
+
+    def omit(self, panel: str, reason: str) -> None:
+        self.omitted.append((panel, reason))
+
+
+def build_report(
+    inputs: ReportInputs,
+    *,
+    title: str = "servewatch report",
+    window: TimeDomain | None = None,
+    limits: GoodputLimits | None = None,
+) -> Report:
+    """Every chart the inputs allow, over `window` (default: the span of the time frames).
+
+    `window` is [start, end) in naive UTC like the store's columns; an aware datetime is
+    converted.
+    """
+    if window is not None:
+        window = (_naive_utc(window[0]), _naive_utc(window[1]))
+        if window[1] <= window[0]:
+            raise ValueError(f"report window ends ({window[1]}) before it starts ({window[0]})")
+    time_frames: list[tuple[pl.LazyFrame, str]] = []
+    if inputs.requests is not None:
+        time_frames.append((inputs.requests.lazy(), "end_ts"))
+    minute_frames = (inputs.request_minutes, inputs.slo_minutes, inputs.kv_cache_usage)
+    time_frames += [(m.lazy(), "minute_ts") for m in minute_frames if m is not None]
+    window = window if window is not None else _window_of(time_frames)
+    limits = _limits(limits, inputs.sli_report)
+    out = _Builder()
+
+    requests = (
+        _in_window(inputs.requests, "end_ts", window).collect()
+        if inputs.requests is not None
+        else None
+    )
+    _latency(out, inputs, requests=requests, window=window, limits=limits)
+    _slo(out, inputs, window=window)
+    _engine(out, inputs, requests=requests, window=window)
+    _request_mix(out, inputs, requests=requests, window=window)
+    _gpu(out, inputs, window=window)
+    _capacity(out, inputs)
+    return Report(
+        title=title,
+        window=window,
+        facts=_facts(window=window, requests=requests, sli_report=inputs.sli_report, limits=limits),
+        charts=tuple(out.charts),
+        omitted=tuple(out.omitted),
+    )
+
+
+def _latency(
+    out: _Builder,
+    inputs: ReportInputs,
+    *,
+    requests: pl.DataFrame | None,
+    window: TimeDomain | None,
+    limits: GoodputLimits,
+) -> None:
+    limit_of = {LatencyStat.TTFT: limits.ttft_s, LatencyStat.TPOT: limits.tpot_s}
+    limit_of[LatencyStat.E2E] = limits.e2e_s
+    for stat in (LatencyStat.TTFT, LatencyStat.TPOT, LatencyStat.ITL, LatencyStat.E2E):
+        frame: pl.DataFrame | None = None
+        source = HISTOGRAMS
+        if requests is not None and stat is not LatencyStat.ITL:
+            frame = latency_from_requests(requests.lazy(), stat=stat).collect()
+            source = TRACES
+        elif inputs.latency_percentiles is not None:
+            frame = (
+                _in_window(inputs.latency_percentiles, "minute_ts", window)
+                .filter(pl.col("stat") == stat.value)
+                .collect()
+            )
+        if frame is None or frame.is_empty():
+            needs = (
+                "vLLM's inter_token_latency_seconds histogram (latency_percentiles, stat itl)"
+                if stat is LatencyStat.ITL
+                else "traced requests or latency_percentiles"
+            )
+            out.omit(stat.title, f"no data: needs {needs}")
+            continue
+        chart = latency_chart(
+            frame, stat=stat, limit_s=limit_of.get(stat), source=source, domain=window
+        )
+        out.add(f"latency-{stat.value}", Section.LATENCY, stat.title, chart)
+
+    phases: pl.DataFrame | None = None
+    source = HISTOGRAMS
+    if requests is not None:
+        phases, source = phases_from_requests(requests.lazy()).collect(), TRACES
+    elif inputs.request_phases is not None:
+        phases = _in_window(inputs.request_phases, "minute_ts", window).collect()
+    title = "Queue, prefill and decode time"
+    if phases is None or phases.is_empty():
+        out.omit(title, "no data: needs traced requests or request_phases")
+    else:
+        chart = request_phase_chart(phases, source=source, domain=window)
+        out.add("request-phases", Section.LATENCY, title, chart)
+
+
+def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    if inputs.slo_minutes is not None:
+        events = _in_window(inputs.slo_minutes, "minute_ts", window).collect()
+        if not events.is_empty():
+            chart = attainment_chart(events, objectives=inputs.slo_objectives, domain=window)
+            out.add("attainment", Section.SLO, "SLO attainment", chart)
+            out.add("goodput", Section.SLO, "Goodput", goodput_chart(events, domain=window))
+    if not any(c.slug == "attainment" for c in out.charts):
+        out.omit("SLO attainment and goodput", "no data: needs slo_minutes")
+
+    if inputs.budget_remaining is not None:
+        budget = _in_window(inputs.budget_remaining, "minute_ts", window).collect()
+        if not budget.is_empty():
+            chart = budget_remaining_chart(budget, domain=window)
+            out.add("error-budget", Section.SLO, "Error budget remaining", chart)
+    if not any(c.slug == "error-budget" for c in out.charts):
+        out.omit("Error budget remaining", "no data: needs budget_remaining")
+
+    burns = (
+        _in_window(inputs.burn_rates, "minute_ts", window).collect()
+        if inputs.burn_rates is not None
+        else None
+    )
+    if burns is None or burns.is_empty():
+        out.omit("Burn rates", "no data: needs burn_rates")
+    else:
+        for slo in natural_order(burns["slo"].to_list()):
+            chart = burn_rate_chart(
+                burns,
+                slo=slo,
+                thresholds=inputs.burn_thresholds,
+                alerts=inputs.alert_intervals,
+                domain=window,
+            )
+            out.add(f"burn-rate-{slug(slo)}", Section.SLO, f"Burn rate: {slo}", chart)
+
+    if inputs.alert_intervals is None:
+        out.omit("Firing alerts", "no data: needs alert_intervals")
+    else:
+        intervals = inputs.alert_intervals.lazy()
+        if window is not None:
+            # Intervals that overlap the window; an open one overlaps if it started before its end.
+            intervals = intervals.filter(
+                (pl.col("start_ts") < window[1])
+                & (pl.col("end_ts").is_null() | (pl.col("end_ts") > window[0]))
+            )
+        chart = alert_bands_chart(intervals.collect(), domain=window)
+        out.add("alerts", Section.SLO, "Firing alerts", chart)
+
+
+def _engine(
+    out: _Builder, inputs: ReportInputs, *, requests: pl.DataFrame | None, window: TimeDomain | None
+) -> None:
+    panels = (
+        ("kv-cache-usage", "KV-cache usage per replica", inputs.kv_cache_usage, kv_usage_heatmap),
+        ("prefix-cache-hit-rate", "Prefix-cache hit rate", inputs.prefix_cache, prefix_cache_chart),
+        ("scheduler-state", "Scheduler state", inputs.scheduler_state, scheduler_state_chart),
+    )
+    for slug_, title, frame, builder in panels:
+        rows = _in_window(frame, "minute_ts", window).collect() if frame is not None else None
+        if rows is None or rows.is_empty():
+            out.omit(title, f"no data: needs {slug_.replace('-', '_')} metric rollups")
+            continue
+        out.add(slug_, Section.ENGINE, title, builder(rows, domain=window))
+
+    title = "Token throughput"
+    if inputs.token_throughput is not None:
+        tokens = _in_window(inputs.token_throughput, "minute_ts", window).collect()
+        source = "vLLM prompt_tokens_total and generation_tokens_total"
+    elif inputs.request_minutes is not None:
+        minutes = _in_window(inputs.request_minutes, "minute_ts", window)
+        tokens = throughput_from_request_minutes(minutes).collect()
+        source = "traced requests, by the minute each finished"
+    elif requests is not None:
+        tokens = throughput_from_request_minutes(request_minutes(requests.lazy())).collect()
+        source = "traced requests, by the minute each finished"
+    else:
+        tokens, source = pl.DataFrame(), ""
+    if tokens.is_empty():
+        out.omit(title, "no data: needs token_throughput, request_minutes or requests")
+    else:
+        chart = token_throughput_chart(tokens, source=source, domain=window)
+        out.add("token-throughput", Section.ENGINE, title, chart)
+
+
+def _request_mix(
+    out: _Builder, inputs: ReportInputs, *, requests: pl.DataFrame | None, window: TimeDomain | None
+) -> None:
+    title = "Finish reasons"
+    if inputs.finish_reasons is not None:
+        reasons = _in_window(inputs.finish_reasons, "minute_ts", window).collect()
+        source = "vLLM request_success_total"
+    elif requests is not None:
+        reasons = finish_reasons_from_requests(requests.lazy()).collect()
+        source = DERIVED_FROM_SPANS
+    else:
+        reasons, source = pl.DataFrame(), ""
+    if reasons.is_empty():
+        out.omit(title, "no data: needs finish_reasons or requests")
+    else:
+        chart = finish_reason_chart(reasons, source=source, domain=window)
+        out.add("finish-reasons", Section.REQUESTS, title, chart)
+
+    for kind in (LengthKind.PROMPT, LengthKind.GENERATION):
+        if inputs.request_lengths is not None:
+            lengths = (
+                _in_window(inputs.request_lengths, "minute_ts", window)
+                .filter(pl.col("kind") == kind.value)
+                .collect()
+            )
+            source = HISTOGRAMS
+        elif requests is not None:
+            lengths = lengths_from_requests(requests.lazy(), kind=kind).collect()
+            source = TRACES
+        else:
+            lengths, source = pl.DataFrame(), ""
+        if lengths.is_empty():
+            out.omit(kind.title, "no data: needs request_lengths or requests")
+            continue
+        chart = request_length_chart(lengths, kind=kind, source=source, domain=window)
+        out.add(f"{kind.value}-length", Section.REQUESTS, kind.title, chart)
+
+
+def _gpu(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "GPU health"
+    rows = _in_window(inputs.gpu, "minute_ts", window).collect() if inputs.gpu is not None else None
+    if rows is None or rows.is_empty():
+        out.omit(title, "no data: needs gpu (DCGM rollups joined to replicas)")
+        return
+    xids = (
+        _in_window(inputs.xid_events, "ts", window).collect()
+        if inputs.xid_events is not None
+        else None
+    )
+    out.add(
+        "gpu-health", Section.GPU, title, gpu_health_chart(rows, xid_events=xids, domain=window)
+    )
+
+
+def _capacity(out: _Builder, inputs: ReportInputs) -> None:
+    if inputs.capacity is None:
+        out.omit("Capacity curve", "no data: needs a capacity fit and its points")
+    else:
+        chart = capacity_curve_chart(inputs.capacity.points, curve=inputs.capacity.curve)
+        out.add("capacity-curve", Section.CAPACITY, "Capacity curve", chart)
+    if inputs.failure_table is None:
+        out.omit("Failure table", "no data: needs a failure table")
+    else:
+        view = inputs.failure_table
+        chart = failure_table_chart(
+            view.rows,
+            demand_rate=view.demand_rate,
+            rate_unit=view.rate_unit,
+            failure_unit=view.failure_unit,
+        )
+        out.add("failure-table", Section.CAPACITY, "Failure table", chart)
+    if inputs.tornado is None:
+        out.omit("Sensitivity tornado", "no data: needs a risk assessment")
+    else:
+        chart = tornado_chart(
+            inputs.tornado.rows, baseline_replicas=inputs.tornado.baseline_replicas
+        )
+        out.add("sensitivity-tornado", Section.CAPACITY, "Sensitivity tornado", chart)
