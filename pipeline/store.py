@@ -515,6 +515,12 @@ class Store:
             "ORDER BY target_id, family"
         )
 
+    def points_range(self) -> tuple[datetime, datetime] | None:
+        """First and last sample time stored, or None without points."""
+        rows = self._con.execute("SELECT min(ts), max(ts) FROM points").fetchall()
+        first, last = rows[0]
+        return None if first is None else (first, last)
+
     def drop_points_before(self, cutoff: datetime) -> int:
         """Retention: delete raw points older than `cutoff`; rollups are kept. Returns rows
         deleted."""

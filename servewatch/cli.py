@@ -12,7 +12,7 @@ import logging
 import signal
 import threading
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,6 +39,8 @@ from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from dashboards.export import write_report
 from dashboards.report import ReportInputs, build_report
+from pipeline.metric_frames import metric_minute_frames
+from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
@@ -719,11 +721,26 @@ def report(
     )
     with open_store() as store:
         roll_up_request_minutes(store)
+        metric_frames: dict[str, pl.LazyFrame] = {}
+        stored = store.points_range()
+        if stored is not None:
+            start, end = from_ts or stored[0], to_ts or stored[1] + timedelta(minutes=1)
+            metric_frames = metric_minute_frames(
+                store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end),
+                series_dimensions(store.read_series(), store.read_targets()),
+                start=start,
+                end=end,
+            )
         inputs = ReportInputs(
             requests=store.read_requests(from_ts=from_ts, to_ts=to_ts),
             request_minutes=store.read_request_minutes(from_ts=from_ts, to_ts=to_ts),
             slo_minutes=store.read_slo_minutes(from_ts=from_ts, to_ts=to_ts),
             sli_report=build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts),
+            kv_cache_usage=metric_frames.get("kv_cache_usage"),
+            prefix_cache=metric_frames.get("prefix_cache"),
+            scheduler_state=metric_frames.get("scheduler_state"),
+            token_throughput=metric_frames.get("token_throughput"),
+            latency_percentiles=metric_frames.get("latency_percentiles"),
         )
         built = build_report(
             inputs, window=(from_ts, to_ts) if from_ts and to_ts else None, limits=limits
