@@ -1,7 +1,8 @@
 """Per-minute frames of scraped vLLM signals, in the long shapes the dashboards draw: KV-cache
 usage, prefix-cache hits and queries, running and waiting requests with preemptions, token
 throughput, and latency percentiles from the histograms (the only source of inter-token
-latency). All counts are PromQL increases over each minute; gauges are minute means.
+latency). Counts are reset-corrected increments between samples, by the minute of the later
+sample (exact whatever the scrape interval); gauges are minute means.
 """
 
 from __future__ import annotations
@@ -11,12 +12,8 @@ from datetime import datetime
 import polars as pl
 
 from pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from pipeline.metric_sli import (
-    Scope,
-    counter_increases,
-    gauge_stats,
-    histogram_quantiles,
-)
+from pipeline.metric_sli import Scope, counter_deltas, gauge_stats
+from pipeline.promql import histogram_quantile_frame
 from pipeline.signals import Signal
 
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
@@ -55,12 +52,22 @@ def metric_minute_frames(
             ).select("replica", "window_end_s", pl.col("mean").alias(name))
         )
 
-    def counter(signal: Signal, name: str, scope: Scope = Scope.REPLICA) -> pl.LazyFrame:
-        return _minute(
-            counter_increases(
-                points, dimensions, signal=signal, scope=scope, range_s=MINUTE_S, window_ends_s=ends
-            ).rename({"increase": name})
+    def counter(signal: Signal, name: str) -> pl.LazyFrame:
+        chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
+        return (
+            counter_deltas(points, chosen.select("series_id", "replica"))
+            .group_by("replica", "minute_ts")
+            .agg(pl.col("delta").sum().alias(name))
         )
+
+    def quantiles(signal: Signal, q: float) -> pl.LazyFrame:
+        buckets = dimensions.filter(
+            (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
+        ).select("series_id", "le")
+        summed = (
+            counter_deltas(points, buckets).group_by("minute_ts", "le").agg(pl.col("delta").sum())
+        )
+        return histogram_quantile_frame(summed, q=q, by=["minute_ts"], count_column="delta")
 
     on = ["replica", "minute_ts"]
     scheduler = (
@@ -79,17 +86,7 @@ def metric_minute_frames(
     )
     latency = pl.concat(
         [
-            _minute(
-                histogram_quantiles(
-                    points,
-                    dimensions,
-                    signal=signal,
-                    q=q,
-                    scope=Scope.FLEET,
-                    range_s=MINUTE_S,
-                    window_ends_s=ends,
-                )
-            ).select(
+            quantiles(signal, q).select(
                 "minute_ts",
                 percentile=pl.lit(label),
                 latency_s=pl.col("quantile"),

@@ -3,8 +3,11 @@
 A latency SLO with threshold T counts good = increase of the `le="T"` bucket and total =
 increase of the histogram's `_count`; availability counts total = increase of
 `request_success_total` over all finished reasons and good = total minus the `error` ones.
-Increases are PromQL's (`increase(x[1m])` at each minute's end) summed per replica, pool and
-model, so the frames line up with the trace-counted `slo_minutes`.
+Counts are reset-corrected increments between consecutive samples, attributed to the minute of
+the later sample, summed per replica, pool and model: exactly additive over any window whatever
+the scrape interval (PromQL's extrapolated `increase(x[1m])` is neither additive nor defined
+when scrapes are more than a minute apart), and in the shape of the trace-counted
+`slo_minutes`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from pipeline.promql import increase_frame
+from pipeline.metric_sli import counter_deltas
 from pipeline.signals import Signal
 from pipeline.tables import SLO_MINUTES_SCHEMA
 
@@ -42,15 +45,11 @@ def minute_ends_s(start: datetime, end: datetime) -> list[float]:
     return [first + i * MINUTE_S for i in range(max(count, 0))]
 
 
-def _per_minute(
-    points: pl.LazyFrame, chosen: pl.LazyFrame, *, ends: Sequence[float], name: str
-) -> pl.LazyFrame:
-    wanted = points.join(chosen.select("series_id"), on="series_id", how="semi")
+def _per_minute(points: pl.LazyFrame, chosen: pl.LazyFrame, *, name: str) -> pl.LazyFrame:
     return (
-        increase_frame(wanted, range_s=MINUTE_S, window_ends_s=ends)
-        .join(chosen.select("series_id", *_GROUP), on="series_id", how="left")
-        .group_by("window_end_s", *_GROUP)
-        .agg(pl.col("increase").sum().alias(name))
+        counter_deltas(points, chosen.select("series_id", *_GROUP))
+        .group_by("minute_ts", *_GROUP)
+        .agg(pl.col("delta").sum().alias(name))
     )
 
 
@@ -66,7 +65,6 @@ def metric_slo_minutes(
 
     `dimensions` is `pipeline.metric_sli.series_dimensions(...)`.
     """
-    ends = minute_ends_s(start, end)
     frames = []
     for criterion in criteria:
         signal = dimensions.filter(
@@ -76,45 +74,38 @@ def metric_slo_minutes(
             total = _per_minute(
                 points,
                 signal.filter(pl.col("metric").str.ends_with("_count")),
-                ends=ends,
                 name="total",
             )
             good = _per_minute(
                 points,
                 signal.filter(pl.col("le") == criterion.threshold_s),
-                ends=ends,
                 name="good",
             )
         else:
-            total = _per_minute(points, signal, ends=ends, name="total")
+            total = _per_minute(points, signal, name="total")
             bad = _per_minute(
                 points,
                 signal.filter(pl.col("finished_reason") == "error"),
-                ends=ends,
                 name="bad",
             )
-            good = total.join(
-                bad, on=["window_end_s", *_GROUP], how="left", nulls_equal=True
-            ).select("window_end_s", *_GROUP, good=pl.col("total") - pl.col("bad").fill_null(0.0))
+            good = total.join(bad, on=["minute_ts", *_GROUP], how="left", nulls_equal=True).select(
+                "minute_ts", *_GROUP, good=pl.col("total") - pl.col("bad").fill_null(0.0)
+            )
         frames.append(
-            total.join(
-                good, on=["window_end_s", *_GROUP], how="left", nulls_equal=True
-            ).with_columns(slo=pl.lit(criterion.name))
+            total.join(good, on=["minute_ts", *_GROUP], how="left", nulls_equal=True).with_columns(
+                slo=pl.lit(criterion.name)
+            )
         )
     if not frames:
         return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
     return (
         pl.concat(frames)
         .with_columns(
-            # A minute's increase is labelled by the minute it covers, which starts 60 s
-            # before the window's end.
-            minute_ts=pl.from_epoch(
-                ((pl.col("window_end_s") - MINUTE_S) * 1_000_000).cast(pl.Int64), time_unit="us"
-            ),
             good=pl.col("good").fill_null(0.0).round().cast(pl.Int64),
             total=pl.col("total").round().cast(pl.Int64),
             tenant=pl.lit(None, dtype=pl.String),
         )
+        .filter((pl.col("minute_ts") >= start) & (pl.col("minute_ts") < end))
         .select(SLO_MINUTES_SCHEMA.names())
         .sort("slo", "minute_ts", "replica", nulls_last=True)
     )

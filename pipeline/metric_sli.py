@@ -170,3 +170,24 @@ def gauge_stats(
         )
         .sort(by, nulls_last=True)
     )
+
+
+def counter_deltas(points: pl.LazyFrame, chosen: pl.LazyFrame) -> pl.LazyFrame:
+    """Per-sample counter increments of the chosen series, reset-corrected (a drop means the
+    counter restarted from zero, so the new value is the increment), each attributed to the
+    minute of the later sample. Unlike `increase`, these add up exactly over any set of
+    minutes, whatever the scrape interval. Columns: series dimensions, minute_ts, delta."""
+    value = pl.col("value")
+    previous = value.shift(1).over("series_id", order_by="ts")
+    return (
+        points.join(chosen, on="series_id", how="inner")
+        .with_columns(
+            delta=pl.when(previous.is_null())
+            .then(None)
+            .when(value < previous)
+            .then(value)
+            .otherwise(value - previous)
+        )
+        .filter(pl.col("delta").is_not_null())
+        .with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
+    )

@@ -53,6 +53,7 @@ from servewatch.recommend_service import recommend_from_store
 from servewatch.render import (
     alerts_table,
     change_json,
+    demo_summary,
     err_console,
     out_console,
     print_json,
@@ -791,25 +792,37 @@ def run(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="Folder for the demo's store and outputs.")] = Path(
+    out: Annotated[Path, typer.Option(help="Folder for everything the demo writes.")] = Path(
         "demo-out"
     ),
-    fixture: Annotated[
-        Path | None,
-        typer.Option(help="Fixture folder to replay (default: the bundled small span fixture)."),
-    ] = None,
+    hours: Annotated[float, typer.Option(help="Length of the emulated recording.")] = 24.0,
+    rate: Annotated[float, typer.Option(help="Mean requests/s of the emulated traffic.")] = 3.0,
+    live_seconds: Annotated[
+        float, typer.Option(help="Length of the live phase on 127.0.0.1 (0 skips it).")
+    ] = 30.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Replay a recorded fixture into a fresh store under OUT and print its SLIs."""
-    try:
-        result = run_demo(out=out, fixture=fixture, progress=run_trace_ingest)
-    except DemoError as exc:
-        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    """An emulated day of a 12-replica fleet with a host loss and a TPOT regression: recorded,
+    replayed, SLOs evaluated and alerted, report and decision record written; then a live
+    phase where the `run` service scrapes and receives. Offline; everything says it is emulated.
+    """
+    with err_console.status("demo") as status:
+
+        def progress(message: str) -> None:
+            status.update(message)
+            err_console.print(f"[dim]-[/] {message}", highlight=False)
+
+        try:
+            result = run_demo(
+                out=out, hours=hours, rate_rps=rate, live_seconds=live_seconds, progress=progress
+            )
+        except DemoError as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    summary = result.summary
     if as_json:
-        print_json(result.summary)
+        print_json(summary)
         return
-    out_console.print(sli_table(result.sli))
-    out_console.print(f"store: {result.db}   SLI report: {result.sli_path}", highlight=False)
+    out_console.print(demo_summary(summary))
 
 
 def main() -> None:

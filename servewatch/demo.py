@@ -1,80 +1,340 @@
-"""The demo: replay a recorded fixture into a fresh store and report its SLIs.
+"""The demo: an emulated day of a fleet, recorded, replayed and analysed, then a live phase.
 
-This is the walking skeleton's demo; later issues extend it to an emulated day and a live phase.
+1. Record: an emulated 12-replica fleet (4 hosts, 2 zones) through a day of diurnal traffic with
+   an injected host loss and a TPOT regression on one replica, written as a fixture folder
+   (pages every 2 minutes, OTLP spans), with the emulator's ground-truth capacity.
+2. Replay it into a fresh store, evaluate the SLOs minute by minute (alerts into the store),
+   write the offline report and the capacity decision record.
+3. Live: the same fleet serves /metrics and sends OTLP on 127.0.0.1 while `servewatch run`'s
+   service scrapes and receives, proving the live path.
+Everything is emulated and says so; nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from collectors.trace_ingest import IngestReport
-from pipeline.request_sli import GoodputLimits
-from pipeline.store import Store
-from servewatch.sli_report import build_sli_report
+import polars as pl
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FIXTURE = REPO_ROOT / "fixtures" / "vllm_spans_small"
-# The demo's SLO: interactive chat, as in `vllm bench serve --goodput ttft:500 tpot:50`.
+from capacity.requirement import parse_requirement
+from collectors.replay import replay_fixture
+from dashboards.export import write_report
+from dashboards.report import ReportInputs, build_report
+from emulator.failures import FailureKind, FailureSpec
+from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig, TopologySpec
+from emulator.ground_truth import capacity_for_config
+from emulator.live_server import LiveFleetServer, run_live
+from emulator.span_output import otlp_http_span_output
+from emulator.vllm_metrics import EngineSettings
+from emulator.workload import ArrivalKind, ArrivalSpec
+from pipeline.metric_frames import metric_minute_frames
+from pipeline.metric_sli import series_dimensions
+from pipeline.request_sli import GoodputLimits
+from pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
+from pipeline.store import Store
+from servewatch.recommend_service import recommend_from_store
+from servewatch.service import Service
+from servewatch.sli_report import build_sli_report
+from servewatch.slo_service import load_specs, slo_minutes_at, status_at
+from slo.alert_state import changes_to_frame
+from slo.alerting import replay as replay_alerts
+
+DAY_START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z
 DEMO_LIMITS = GoodputLimits(ttft_s=0.5, tpot_s=0.05)
-TRACE_PATTERNS = ("*.jsonl", "*.jsonl.gz", "*.json", "*.json.gz")
+SCRAPE_INTERVAL_S = 120.0
+LIVE_INTERVAL_S = 2.0
+
+DEMO_SLOS = """\
+# The demo fleet's SLOs (servewatch spec format, docs/slo.md).
+version: servewatch/v1
+slos:
+  - name: ttft-500ms
+    description: First token within 500 ms, from traced requests.
+    sli: {kind: latency, metric: ttft, threshold_s: 0.5, source: traces}
+    objective_ratio: 0.99
+    period: 7d
+    min_events: 50
+  - name: chat-goodput
+    description: TTFT <= 500 ms and TPOT <= 50 ms together (vLLM's goodput criterion).
+    sli: {kind: goodput, ttft_s: 0.5, tpot_s: 0.05}
+    objective_ratio: 0.95
+    period: 7d
+    min_events: 50
+  - name: availability
+    description: Requests vLLM finished without an error, from its own counters.
+    sli: {kind: availability, source: metrics}
+    objective_ratio: 0.999
+    period: 30d
+"""
 
 
 class DemoError(Exception):
-    """The demo cannot run as asked (missing fixture, unusable output folder)."""
+    """The demo cannot run as asked (unusable output folder, bad duration)."""
 
 
 @dataclass(frozen=True)
 class DemoResult:
-    db: Path
-    sli_path: Path
-    ingest: IngestReport
-    sli: dict[str, Any]
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return {
-            "db": str(self.db),
-            "sli_report": str(self.sli_path),
-            "ingested_requests": self.ingest.new_requests,
-            "rejected": len(self.ingest.rejects),
-            "sli": self.sli,
-        }
+    out: Path
+    summary: dict[str, Any]
 
 
-def trace_files(fixture: Path) -> list[Path]:
-    files = sorted({p for pattern in TRACE_PATTERNS for p in fixture.glob(pattern)})
-    if not files:
-        raise DemoError(
-            f"no trace files in {fixture}: expected files matching {', '.join(TRACE_PATTERNS)}"
-        )
-    return files
+Progress = Callable[[str], None]
+
+
+def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
+    failures = (
+        FailureSpec(
+            FailureKind.HOST_LOSS, at_s=hours * 3600 * 0.40, target="host-1", duration_s=1800
+        ),
+        FailureSpec(
+            FailureKind.SLOW_REPLICA,
+            at_s=hours * 3600 * 0.65,
+            target="vllm-7",
+            duration_s=hours * 3600 * 0.15,
+            factor=2.5,
+        ),
+    )
+    config = FleetConfig.default()
+    return replace(
+        config,
+        pool="chat",
+        topology=TopologySpec(zones=("zone-a", "zone-b"), hosts_per_zone=2, replicas_per_host=3),
+        workload=replace(
+            config.workload,
+            arrival=ArrivalSpec(kind=ArrivalKind.DIURNAL, rate_rps=rate_rps, peak_hour_utc=15.0),
+        ),
+        failures=failures,
+    )
+
+
+def _requirement(capacity_req_per_min: float, peak_req_per_min: float) -> dict[str, Any]:
+    return {
+        "name": "demo-chat",
+        "failure_unit": "host",
+        "headroom_ratio": 0.2,
+        "slo": {"latency": "p95 TTFT", "latency_limit_s": 0.5},
+        "demand": {"req_per_min": round(peak_req_per_min, 1), "growth_ratio": 1.5},
+        "replica": {"capacity_req_per_min": round(capacity_req_per_min, 1)},
+        "placement": {"replicas_per_host": 3, "zones": ["zone-a", "zone-b"]},
+        "recovery": {"interval_s": 180, "replacement_startup_s": 90},
+        "cost": {"usd_per_gpu_hour": 2.5},
+    }
 
 
 def run_demo(
     *,
     out: Path,
-    fixture: Path | None,
-    progress: Callable[[Store, list[Path]], IngestReport],
+    hours: float = 24.0,
+    rate_rps: float = 3.0,
+    live_seconds: float = 30.0,
+    progress: Progress = lambda _: None,
 ) -> DemoResult:
-    fixture = fixture or DEFAULT_FIXTURE
-    if not fixture.is_dir():
-        raise DemoError(f"fixture folder {fixture} does not exist")
-    files = trace_files(fixture)
+    if not 0 < hours <= 24 * 7:
+        raise DemoError(f"--hours must be above 0 and at most a week, got {hours}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DemoError(f"cannot create output folder {out}: {exc}") from exc
+    config = demo_fleet(hours=hours, rate_rps=rate_rps)
+    fixture = out / "fixture"
     db = out / "servewatch.duckdb"
-    # A fresh store every run, so the demo shows what the fixture alone yields.
     for stale in (db, db.with_suffix(".duckdb.wal")):
         stale.unlink(missing_ok=True)
+
+    progress("measuring the emulated replica's ground-truth capacity at the SLO")
+    truth = capacity_for_config(config, seed=7, requests=1500)
+    progress(f"recording {hours:g} h of 12 emulated replicas to {fixture}")
+    writer = FixtureWriter(
+        fixture,
+        config.placements(),
+        start_s=DAY_START_S,
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        engine=EngineSettings.from_engine(config.engine),
+        seed=1,
+    )
+    simulation = FleetSimulation(config, observer=writer, seed=1, start_s=DAY_START_S)
+    manifest = record_fixture(
+        simulation,
+        writer,
+        end_s=DAY_START_S + hours * 3600,
+        ground_truth={
+            "capacity_rps_per_replica": truth.capacity_rps,
+            "slo": "TTFT 0.5 s, TPOT 0.05 s, 90%",
+        },
+        description="servewatch demo: host loss and a TPOT regression on vllm-7",
+        generator={"seed": 1, "hours": hours, "rate_rps": rate_rps},
+    )
+    slo_file = out / "slos.yaml"
+    slo_file.write_text(DEMO_SLOS, encoding="utf-8")
+    specs, _ = load_specs([slo_file])
+    start = datetime.fromtimestamp(DAY_START_S, tz=UTC).replace(tzinfo=None)
+    end = start + timedelta(hours=hours)
+
     with Store.open(db) as store:
-        ingest = progress(store, files)
-        sli = build_sli_report(store, limits=DEMO_LIMITS)
-    sli_path = out / "sli.json"
-    sli_path.write_text(json.dumps(sli, indent=2) + "\n", encoding="utf-8")
-    return DemoResult(db=db, sli_path=sli_path, ingest=ingest, sli=sli)
+        progress("replaying the recording into the store")
+        replayed = replay_fixture(fixture, store=store)
+        roll_up_request_minutes(store)
+        roll_up_slo_minutes(store, criteria=[c for s in specs if (c := s.event_criterion())])
+        progress("evaluating SLOs minute by minute")
+        minutes = slo_minutes_at(store, specs=specs, at=end)
+        changes = replay_alerts(minutes, specs=specs, start=start, end=end)
+        store.write_alert_changes(changes_to_frame(changes))
+        statuses = status_at(store, specs=specs, at=end)
+        progress("writing the report")
+        frames = metric_minute_frames(
+            store.read_points(),
+            series_dimensions(store.read_series(), store.read_targets()),
+            start=start,
+            end=end,
+        )
+        report = build_report(
+            ReportInputs(
+                requests=store.read_requests(),
+                request_minutes=store.read_request_minutes(),
+                slo_minutes=store.read_slo_minutes(),
+                sli_report=build_sli_report(store, limits=DEMO_LIMITS),
+                kv_cache_usage=frames["kv_cache_usage"],
+                prefix_cache=frames["prefix_cache"],
+                scheduler_state=frames["scheduler_state"],
+                token_throughput=frames["token_throughput"],
+                latency_percentiles=frames["latency_percentiles"],
+            ),
+            limits=DEMO_LIMITS,
+        )
+        files = write_report(report, out / "report")
+        progress("sizing the fleet")
+        peak = (
+            store.read_request_minutes()
+            .group_by("minute_ts")
+            .agg(pl.col("requests").sum())
+            .select(pl.col("requests").max())
+            .collect()
+            .item()
+        )
+        requirement = parse_requirement(
+            _requirement(truth.capacity_rps * 60, float(peak or 0)), where="demo requirement"
+        )
+        record, _ = recommend_from_store(store, requirement=requirement)
+    (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")
+    (out / "decision.json").write_text(json.dumps(record.to_json(), indent=2), encoding="utf-8")
+
+    live = (
+        _live_phase(config, out=out, seconds=live_seconds, progress=progress)
+        if live_seconds > 0
+        else None
+    )
+    summary = {
+        "out": str(out),
+        "fixture": str(fixture),
+        "store": str(db),
+        "report": str(files.html),
+        "decision_record": str(out / "decision.md"),
+        "emulated": True,
+        "recorded": {
+            "hours": hours,
+            "requests": manifest["spans"]["count"],
+            "pages": manifest["pages"]["count"],
+        },
+        "replayed": {
+            "new_requests": replayed.traces.new_requests,
+            "new_points": replayed.metrics.new_points,
+            "failed_scrapes": len(replayed.metrics.failed_scrapes),
+        },
+        "slo_status": [s.to_json() for s in statuses],
+        "alerts_fired": sorted(
+            {
+                f"{c.key.slo} {c.key.severity.value} {c.key.window}"
+                for c in changes
+                if c.state.value == "firing"
+            }
+        ),
+        "ground_truth_capacity_rps_per_replica": truth.capacity_rps,
+        "recommendation": record.verdict(),
+        "riskiest_assumption": record.to_json()["risk"].get("riskiest"),
+        "live": live,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    return DemoResult(out=out, summary=summary)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _live_phase(
+    config: FleetConfig, *, out: Path, seconds: float, progress: Progress
+) -> dict[str, Any]:
+    """The emulated fleet live on 127.0.0.1 while the `run` service scrapes and receives."""
+    progress(f"live phase: emulated replicas on 127.0.0.1, `servewatch run` for {seconds:g} s")
+    live_config = replace(
+        config,
+        failures=(),
+        workload=replace(config.workload, arrival=ArrivalSpec(rate_rps=4.0)),
+    )
+    db = out / "live.duckdb"
+    for stale in (db, db.with_suffix(".duckdb.wal")):
+        stale.unlink(missing_ok=True)
+    otlp_port = _free_port()
+    spans = otlp_http_span_output(
+        live_config.placements(), endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces"
+    )
+    started = time.time()
+    server = LiveFleetServer(
+        live_config.placements(),
+        started_s=started,
+        engine=EngineSettings.from_engine(live_config.engine),
+        spans=spans,
+    )
+    server.start()
+    stop = threading.Event()
+    service: Service | None = None
+    try:
+        targets = "".join(
+            f'[[targets]]\nkind = "{t.kind.value}"\nurl = "{t.url}"\n'
+            + "".join(f'{k} = "{v}"\n' for k, v in t.labels.items())
+            for t in server.targets
+        )
+        config_path = out / "live-servewatch.toml"
+        config_path.write_text(
+            f'[store]\npath = "{db.name}"\n[scrape]\ninterval_s = {LIVE_INTERVAL_S}\n'
+            f'timeout_s = 1\n[otlp]\nlisten = "127.0.0.1:{otlp_port}"\n{targets}',
+            encoding="utf-8",
+        )
+        service = Service(config_path)
+        simulation = FleetSimulation(live_config, observer=server, seed=3, start_s=started)
+        driver = threading.Thread(
+            target=run_live,
+            args=(simulation, server),
+            kwargs={"clock": time.time, "wait": stop.wait},
+            daemon=True,
+        )
+        driver.start()
+        service.start(health_port=_free_port())
+        stop.wait(seconds)
+    finally:
+        stop.set()
+        server.stop()
+        spans.shutdown()  # flushes the last spans while the receiver still listens
+        if service is not None:
+            service.stop()
+    with Store.open(db) as store:
+        return {
+            "store": str(db),
+            "config": str(config_path),
+            "targets": len(server.targets),
+            "scrapes": store.count("scrapes"),
+            "points": store.count("points"),
+            "requests_received": store.count("requests"),
+        }

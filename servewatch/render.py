@@ -179,3 +179,34 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
             ", ".join(f"{a.severity} {a.window}" for a in firing) or "-",
         )
     return table
+
+
+def demo_summary(summary: dict[str, Any]) -> str:
+    """The demo's closing words: what happened, what it means, where the files are."""
+    lines = ["", "[bold]servewatch demo (emulated fleet)[/]"]
+    recorded = summary["recorded"]
+    lines.append(
+        f"recorded {recorded['hours']:g} h: {recorded['requests']:,} requests, "
+        f"{recorded['pages']:,} pages; replayed {summary['replayed']['new_points']:,} points"
+    )
+    lines.append("SLO status at the end of the recording:")
+    lines.extend(
+        f"  {status['slo']}: {status['good']:,}/{status['total']:,} good, budget left "
+        f"{status['budget_remaining_ratio']:.0%}"
+        for status in summary["slo_status"]
+    )
+    fired = summary["alerts_fired"]
+    lines.append(f"alerts fired: {', '.join(fired) if fired else 'none'}")
+    lines.append(f"recommendation: {summary['recommendation']}")
+    risk = summary.get("riskiest_assumption")
+    if risk:
+        lines.append(f"riskiest assumption: {risk}")
+    live = summary.get("live")
+    if live:
+        lines.append(
+            f"live phase: {live['targets']} targets scraped {live['scrapes']} times, "
+            f"{live['requests_received']} spans received over OTLP"
+        )
+    lines.append(f"files: report {summary['report']}, decision record {summary['decision_record']}")
+    lines.append(f"       store {summary['store']}, recording {summary['fixture']}")
+    return "\n".join(lines)

@@ -89,23 +89,34 @@ def test_ingest_json_reports_rejects(runner: CliRunner, tmp_path: Path) -> None:
     assert "rejected" in result.stderr
 
 
-def test_demo_replays_the_fixture_and_writes_its_outputs(runner: CliRunner, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_demo_records_replays_analyses_and_goes_live(runner: CliRunner, tmp_path: Path) -> None:
     out = tmp_path / "demo-out"
-    result = runner.invoke(app, ["demo", "--out", str(out), "--json"])
+    args = ["demo", "--out", str(out), "--hours", "0.5", "--live-seconds", "6", "--json"]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["ingested_requests"] == 228
-    assert summary["sli"]["overall"]["goodput_rps"] > 0
-    assert json.loads((out / "sli.json").read_text(encoding="utf-8")) == summary["sli"]
-    # A second run starts from a fresh store and says the same.
-    again = runner.invoke(app, ["demo", "--out", str(out), "--json"])
-    assert json.loads(again.stdout) == summary
+    assert summary["emulated"] is True
+    assert summary["recorded"]["requests"] > 1000
+    assert summary["replayed"]["new_requests"] == summary["recorded"]["requests"]
+    assert {s["slo"] for s in summary["slo_status"]} == {
+        "ttft-500ms",
+        "chat-goodput",
+        "availability",
+    }
+    assert (out / "report" / "report.html").exists()
+    assert "Capacity decision record" in (out / "decision.md").read_text(encoding="utf-8")
+    assert summary["live"]["scrapes"] > 0
+    assert summary["live"]["points"] > 0
+    manifest = json.loads((out / "fixture" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["emulated"] is True
+    assert manifest["ground_truth"]["capacity_rps_per_replica"] > 0
 
 
-def test_demo_with_a_missing_fixture_exits_2(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["demo", "--out", str(tmp_path), "--fixture", str(tmp_path / "no")])
+def test_demo_with_a_bad_duration_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path), "--hours", "0"])
     assert result.exit_code == 2
-    assert "does not exist" in result.stderr
+    assert "--hours" in result.stderr
 
 
 def test_size_reproduces_the_seed_host_table(runner: CliRunner) -> None:

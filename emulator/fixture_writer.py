@@ -1,0 +1,388 @@
+"""Fixture folders: an emulated fleet's wire outputs recorded in virtual time.
+
+Layout (docs/emulator-outputs.md describes it for readers):
+
+    manifest.json                            what the folder holds (below)
+    pages/vllm/<replica>/<unix_ms>.prom.gz   one vLLM /metrics page per replica per scrape
+    pages/dcgm/<host>/<unix_ms>.prom.gz      one DCGM exporter page per host per scrape
+    spans.jsonl.gz                           llm_request spans as OTLP JSON lines
+
+Pages are the exact bytes a live endpoint would serve at that instant (Prometheus text 0.0.4),
+gzip-compressed; the file name is the scrape time in Unix milliseconds. A target that is down
+at a scrape (crashed replica, lost host) has no page for it, as a live scrape would fail.
+The manifest says `"emulated": true` and lists targets with their replica/host/zone labels,
+the time range, the scrape interval, every injected event and the caller's ground truth.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
+
+from emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from emulator.records import (
+    EngineSteps,
+    FinishedRequest,
+    ReplicaEvent,
+    ReplicaPlacement,
+    ReplicaState,
+)
+from emulator.span_output import SpanOutput, jsonl_span_output
+from emulator.vllm_metrics import PAGE_CONTENT_TYPE, EngineSettings, VllmMetricsObserver
+
+FORMAT = "servewatch.fixture"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PAGES_DIR = "pages"
+SPANS_NAME = "spans.jsonl.gz"
+PAGE_SUFFIX = ".prom.gz"
+DEFAULT_SCRAPE_INTERVAL_S = 60.0  # day-long recordings; live scraping keeps 15 s
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class FixtureError(ValueError):
+    """A fixture folder or its inputs are not what the layout allows."""
+
+
+class TargetKind(Enum):
+    VLLM = "vllm"
+    DCGM = "dcgm"
+
+
+@dataclass(frozen=True)
+class FixtureTarget:
+    """One scrape target of the recorded fleet: `kind/name` is its id and its page folder."""
+
+    kind: TargetKind
+    name: str  # the replica for vLLM targets, the host for DCGM targets
+    host: str
+    zone: str
+    replicas: tuple[str, ...]
+    model: str | None = None
+    pool: str | None = None
+    gpus: int = 1
+
+    @property
+    def target_id(self) -> str:
+        return f"{self.kind.value}/{self.name}"
+
+    @property
+    def pages_dir(self) -> str:
+        return f"{PAGES_DIR}/{self.kind.value}/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        labels = {"host": self.host, "zone": self.zone}
+        if self.kind is TargetKind.VLLM:
+            labels = {"replica": self.name, **labels}
+        return {
+            "id": self.target_id,
+            "kind": self.kind.value,
+            "job": self.kind.value,
+            "labels": labels,
+            "replicas": list(self.replicas),
+            "model": self.model,
+            "pool": self.pool,
+            "gpus": self.gpus,
+            "pages": self.pages_dir,
+        }
+
+
+def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]:
+    """A vLLM target per replica, then a DCGM target per host (hosts in placement order)."""
+    placement_list = list(placements)
+    for placement in placement_list:
+        for what, value in (("replica", placement.replica), ("host", placement.host)):
+            if not _SAFE_NAME.match(value):
+                raise FixtureError(
+                    f"{what} name {value!r} cannot name a page folder: use letters, digits, "
+                    "'.', '_' and '-', starting with a letter or digit"
+                )
+    targets = [
+        FixtureTarget(
+            kind=TargetKind.VLLM,
+            name=p.replica,
+            host=p.host,
+            zone=p.zone,
+            replicas=(p.replica,),
+            model=p.model,
+            pool=p.pool,
+            gpus=p.gpus,
+        )
+        for p in placement_list
+    ]
+    hosts: dict[str, list[ReplicaPlacement]] = {}
+    for p in placement_list:
+        hosts.setdefault(p.host, []).append(p)
+    for host, on_host in hosts.items():
+        zones = {p.zone for p in on_host}
+        if len(zones) > 1:
+            raise FixtureError(f"host {host!r} is placed in several zones: {sorted(zones)}")
+        targets.append(
+            FixtureTarget(
+                kind=TargetKind.DCGM,
+                name=host,
+                host=host,
+                zone=on_host[0].zone,
+                replicas=tuple(p.replica for p in on_host),
+                gpus=sum(p.gpus for p in on_host),
+            )
+        )
+    return targets
+
+
+def _iso(t_s: float) -> str:
+    return datetime.fromtimestamp(t_s, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _event_json(event: ReplicaEvent, placement: ReplicaPlacement | None) -> dict[str, Any]:
+    return {
+        "at_s": event.at_s,
+        "at": _iso(event.at_s),
+        "kind": event.kind.value,
+        "replica": event.replica,
+        "host": placement.host if placement else None,
+        "zone": placement.zone if placement else None,
+        "detail": event.detail,
+        "factor": event.factor,
+    }
+
+
+class FixtureWriter:
+    """Records an emulated fleet into a new fixture folder.
+
+    Use it as the simulation's observer, call `scrape` at every scrape instant with the
+    simulation's states, then `close` to write the manifest. `record_fixture` does the loop.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        placements: Iterable[ReplicaPlacement],
+        *,
+        start_s: float,
+        scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+        engine: EngineSettings | None = None,
+        gpu: GpuSpec | None = None,
+        seed: int = 0,
+        spans_per_line: int = 512,
+        compresslevel: int = 3,
+    ) -> None:
+        if not (scrape_interval_s > 0 and math.isfinite(scrape_interval_s)):
+            raise FixtureError(
+                f"scrape_interval_s must be a positive number, got {scrape_interval_s}"
+            )
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise FixtureError(f"fixture folder {folder} exists and is not empty; pick a new one")
+        self.folder = folder
+        self.placement_list = list(placements)
+        if not self.placement_list:
+            raise FixtureError("a fixture needs at least one replica placement")
+        self.placements = {p.replica: p for p in self.placement_list}
+        self.targets = fleet_targets(self.placement_list)
+        self.start_s = start_s
+        self.scrape_interval_s = scrape_interval_s
+        self.engine = engine or EngineSettings()
+        self.compresslevel = compresslevel
+        self.vllm = VllmMetricsObserver(
+            self.placement_list, started_s=start_s, settings=self.engine
+        )
+        self.dcgm = DcgmObserver(
+            self.placement_list,
+            started_s=start_s,
+            spec=gpu,
+            gpu_memory_utilization=self.engine.gpu_memory_utilization,
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        for target in self.targets:
+            (folder / target.pages_dir).mkdir(parents=True, exist_ok=True)
+        # mtime=0 keeps the gzip header, and so the whole folder, the same from run to run.
+        self._spans_gzip = gzip.GzipFile(
+            folder / SPANS_NAME, mode="wb", compresslevel=compresslevel, mtime=0
+        )
+        self._spans_file = io.TextIOWrapper(self._spans_gzip, encoding="utf-8", newline="\n")
+        self.spans: SpanOutput = jsonl_span_output(
+            self.placement_list, self._spans_file, seed=seed, spans_per_line=spans_per_line
+        )
+        self.events: list[dict[str, Any]] = []
+        self.pages_written = 0
+        self.scrapes = 0
+        self._last_scrape_s: float | None = None
+        self._closed = False
+
+    # FleetObserver
+    def request_finished(self, record: FinishedRequest) -> None:
+        self.vllm.request_finished(record)
+        self.spans.request_finished(record)
+
+    def engine_steps(self, record: EngineSteps) -> None:
+        self.vllm.engine_steps(record)
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        self.vllm.replica_event(event)
+        self.dcgm.replica_event(event)
+        self.spans.replica_event(event)
+        self.events.append(_event_json(event, self.placements.get(event.replica)))
+
+    def scrape(self, at_s: float, states: Iterable[ReplicaState]) -> int:
+        """Write one page per target that is up at `at_s`; returns how many were written."""
+        if self._closed:
+            raise FixtureError("scrape after close")
+        if self._last_scrape_s is not None and at_s <= self._last_scrape_s:
+            raise FixtureError(f"scrape times must increase: {at_s} after {self._last_scrape_s}")
+        snapshot = list(states)
+        self.vllm.set_states(snapshot)
+        self.dcgm.sample(at_s, snapshot)
+        stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}"
+        written = 0
+        for target in self.targets:
+            if target.kind is TargetKind.VLLM:
+                page = self.vllm.page(target.name)
+            else:
+                page = self.dcgm.page(target.name)
+            if page is None:
+                continue
+            data = gzip.compress(page, compresslevel=self.compresslevel, mtime=0)
+            (self.folder / target.pages_dir / stamp).write_bytes(data)
+            written += 1
+        self._last_scrape_s = at_s
+        self.scrapes += 1
+        self.pages_written += written
+        return written
+
+    def close(
+        self,
+        *,
+        end_s: float,
+        ground_truth: Mapping[str, Any] | None = None,
+        description: str = "",
+        generator: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Flush the spans and write the manifest; returns the manifest."""
+        if self._closed:
+            raise FixtureError("fixture already closed")
+        if end_s < self.start_s:
+            raise FixtureError(f"end_s {end_s} is before start_s {self.start_s}")
+        self._closed = True
+        self.spans.shutdown()
+        self._spans_file.close()
+        self._spans_gzip.close()
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "emulated": True,
+            "description": description,
+            "time_range": {
+                "start_s": self.start_s,
+                "end_s": end_s,
+                "start": _iso(self.start_s),
+                "end": _iso(end_s),
+            },
+            "scrape_interval_s": self.scrape_interval_s,
+            "pages": {
+                "layout": f"{PAGES_DIR}/<kind>/<name>/<unix_ms>{PAGE_SUFFIX}",
+                "content_type": PAGE_CONTENT_TYPE,
+                "scrapes": self.scrapes,
+                "count": self.pages_written,
+            },
+            "targets": [target.to_json() for target in self.targets],
+            "spans": {
+                "files": [SPANS_NAME],
+                "format": "otlp-json-lines",
+                "count": self.spans.spans_emitted,
+            },
+            "engine": {
+                "max_model_len": self.engine.max_model_len,
+                "block_size": self.engine.block_size,
+                "num_gpu_blocks": self.engine.num_gpu_blocks,
+                "gpu_memory_utilization": self.engine.gpu_memory_utilization,
+            },
+            "events": self.events,
+            "ground_truth": dict(ground_truth or {}),
+            "generator": dict(generator or {}),
+        }
+        text = json.dumps(manifest, indent=2, sort_keys=False, allow_nan=False)
+        (self.folder / MANIFEST_NAME).write_text(text + "\n", encoding="utf-8")
+        return manifest
+
+
+class Simulation(Protocol):
+    """What `record_fixture` needs of a fleet simulation."""
+
+    def run_until(self, t_s: float) -> None: ...
+
+    def states(self) -> Iterable[ReplicaState] | Mapping[str, ReplicaState]: ...
+
+
+def state_list(states: Iterable[ReplicaState] | Mapping[str, ReplicaState]) -> list[ReplicaState]:
+    if isinstance(states, Mapping):
+        return list(states.values())
+    return list(states)
+
+
+def scrape_times(start_s: float, end_s: float, interval_s: float) -> list[float]:
+    """Scrape instants start, start + interval, ... up to and including end (no float drift)."""
+    count = math.floor((end_s - start_s) / interval_s + 1e-9)
+    return [start_s + k * interval_s for k in range(count + 1)]
+
+
+def record_fixture(
+    simulation: Simulation,
+    writer: FixtureWriter,
+    *,
+    end_s: float,
+    ground_truth: Mapping[str, Any] | None = None,
+    description: str = "",
+    generator: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run `simulation` (whose observer is `writer`) to `end_s`, scraping at every interval."""
+    for t_s in scrape_times(writer.start_s, end_s, writer.scrape_interval_s):
+        simulation.run_until(t_s)
+        writer.scrape(t_s, state_list(simulation.states()))
+    return writer.close(
+        end_s=end_s, ground_truth=ground_truth, description=description, generator=generator
+    )
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a fixture folder, checked to be an emulated servewatch fixture."""
+    path = folder / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise FixtureError(f"{path}: no manifest; is {folder} a fixture folder?") from exc
+    except json.JSONDecodeError as exc:
+        raise FixtureError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FixtureError(f"{path}: not a {FORMAT} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise FixtureError(
+            f"{path}: format_version {manifest.get('format_version')!r}, "
+            f"this reader knows {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def iter_pages(folder: Path, target_id: str) -> Iterator[tuple[float, bytes]]:
+    """(scrape time in Unix seconds, page bytes) of one target, in time order."""
+    kind, _, name = target_id.partition("/")
+    if kind not in {k.value for k in TargetKind} or not _SAFE_NAME.match(name):
+        raise FixtureError(f"target id {target_id!r} is not <vllm|dcgm>/<name>")
+    pages_dir = folder / PAGES_DIR / kind / name
+    stamped: list[tuple[int, Path]] = []
+    for path in pages_dir.iterdir():
+        stem = path.name.removesuffix(PAGE_SUFFIX)
+        if stem == path.name or not stem.isdigit():
+            raise FixtureError(f"{path}: not a page file (<unix_ms>{PAGE_SUFFIX})")
+        stamped.append((int(stem), path))
+    for unix_ms, path in sorted(stamped):
+        with gzip.open(path, "rb") as stream:
+            yield unix_ms / 1000, stream.read()

@@ -1,0 +1,510 @@
+"""An emulated fleet's configuration: typed, validated, loaded from TOML.
+
+One TOML file (docs/fleet.example.toml shows every key) holds the topology, the engine
+model, the router policy, the workload, the failure timeline and the SLO at which capacity is
+measured. Every key is optional; `FleetConfig.default()` is what an empty file gives. A bad
+value fails the load with an error naming the file, the field path (`workload.arrival.rate_rps`,
+`failures[1].target`) and what is allowed; unknown keys are errors too, so typos do not pass
+silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from emulator.engine import EngineParams
+from emulator.failures import FailureKind, FailureSpec, check_targets
+from emulator.records import ReplicaPlacement
+from emulator.trace_replay import TraceFormat
+from emulator.workload import (
+    ArrivalKind,
+    ArrivalSpec,
+    ConversationSpec,
+    Distribution,
+    DistributionKind,
+    RateStep,
+    ReplaySpec,
+    SpecError,
+    TenantSpec,
+    WorkloadSpec,
+)
+
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class RouterPolicy(Enum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOADED = "least_loaded"  # fewest requests held (running + waiting)
+    PREFIX_AFFINITY = "prefix_affinity"  # consistent hash by conversation, bounded load
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The router in front of the replicas.
+
+    prefix_affinity sends a conversation to its replica on a consistent-hash ring
+    (`virtual_nodes` points per replica) unless that replica is full, then to the next
+    replica on the ring that is not. Full means holding at least `load_factor` times the
+    mean load (rounded up) and at least `min_load_cap` requests, so a lightly loaded fleet
+    keeps every conversation on its own replica.
+    """
+
+    policy: RouterPolicy = RouterPolicy.LEAST_LOADED
+    load_factor: float = 1.25
+    min_load_cap: int = 8
+    virtual_nodes: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.load_factor >= 1.0:
+            raise SpecError("load_factor", f"must be >= 1, got {self.load_factor}")
+        if self.min_load_cap < 1:
+            raise SpecError("min_load_cap", f"must be >= 1, got {self.min_load_cap}")
+        if self.virtual_nodes < 1:
+            raise SpecError("virtual_nodes", f"must be >= 1, got {self.virtual_nodes}")
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """Zones, each with `hosts_per_zone` hosts, each running `replicas_per_host` replicas.
+
+    Hosts are named host-0, host-1, ... and replicas vllm-0, vllm-1, ... zone by zone.
+    """
+
+    zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c")
+    hosts_per_zone: int = 1
+    replicas_per_host: int = 2
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.zones:
+            raise SpecError("zones", "needs at least one zone")
+        if len(set(self.zones)) != len(self.zones) or not all(self.zones):
+            raise SpecError("zones", f"names must be unique and non-empty, got {self.zones}")
+        for name in ("hosts_per_zone", "replicas_per_host", "gpus_per_replica"):
+            if getattr(self, name) < 1:
+                raise SpecError(name, f"must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def replicas(self) -> int:
+        return len(self.zones) * self.hosts_per_zone * self.replicas_per_host
+
+    def placements(self, *, model: str, pool: str) -> list[ReplicaPlacement]:
+        out: list[ReplicaPlacement] = []
+        host = 0
+        for zone in self.zones:
+            for _ in range(self.hosts_per_zone):
+                first = len(out)
+                out.extend(
+                    ReplicaPlacement(
+                        replica=f"vllm-{first + i}",
+                        host=f"host-{host}",
+                        zone=zone,
+                        model=model,
+                        pool=pool,
+                        gpus=self.gpus_per_replica,
+                    )
+                    for i in range(self.replicas_per_host)
+                )
+                host += 1
+        return out
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """The request SLO capacity is measured at: TTFT and TPOT limits (inclusive), and the
+    share of requests that must meet both."""
+
+    ttft_s: float = 0.5
+    tpot_s: float = 0.05
+    target_ratio: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s"):
+            if not getattr(self, name) > 0:
+                raise SpecError(name, f"must be > 0 seconds, got {getattr(self, name)}")
+        if not 0.0 < self.target_ratio <= 1.0:
+            raise SpecError("target_ratio", f"must be in (0, 1], got {self.target_ratio}")
+
+
+def _default_workload() -> WorkloadSpec:
+    return WorkloadSpec(
+        arrival=ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=6.0),
+        conversation=ConversationSpec(turns_mean=2.5),
+        tenants=(
+            TenantSpec("chat", weight=3.0, system_prompt_tokens=300),
+            TenantSpec("batch-api", weight=1.0, system_prompt_tokens=0),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Everything an emulated fleet needs; `default()` is six replicas on three hosts."""
+
+    model: str = DEFAULT_MODEL
+    pool: str = "default"
+    topology: TopologySpec = field(default_factory=TopologySpec)
+    engine: EngineParams = field(default_factory=EngineParams)
+    router: RouterSpec = field(default_factory=RouterSpec)
+    workload: WorkloadSpec = field(default_factory=_default_workload)
+    failures: tuple[FailureSpec, ...] = ()
+    slo: SloSpec = field(default_factory=SloSpec)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise SpecError("model", "must not be empty")
+        try:
+            check_targets(self.failures, self.placements())
+        except SpecError as exc:
+            raise SpecError(f"failures{exc.field}", exc.reason) from exc
+
+    @classmethod
+    def default(cls) -> FleetConfig:
+        return cls()
+
+    def placements(self) -> list[ReplicaPlacement]:
+        return self.topology.placements(model=self.model, pool=self.pool)
+
+
+class FleetConfigError(ValueError):
+    """A fleet config is not valid; the message names the file, the field path and the rule."""
+
+    def __init__(self, source: str, path: str, reason: str) -> None:
+        super().__init__(f"{source}: {path}: {reason}" if path else f"{source}: {reason}")
+        self.source = source
+        self.path = path
+        self.reason = reason
+
+
+E = TypeVar("E", bound=Enum)
+T = TypeVar("T")
+
+
+def _join(path: str, key: str) -> str:
+    if not path:
+        return key
+    return f"{path}{key}" if key.startswith("[") else f"{path}.{key}"
+
+
+class _Table:
+    """A TOML table being read: typed getters that record which keys were used."""
+
+    def __init__(self, data: Mapping[str, Any], path: str, source: str) -> None:
+        self.data = data
+        self.path = path
+        self.source = source
+        self._used: set[str] = set()
+
+    def fail(self, key: str, reason: str) -> NoReturn:
+        raise FleetConfigError(self.source, _join(self.path, key), reason)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def _raw(self, key: str) -> Any:
+        self._used.add(key)
+        return self.data.get(key)
+
+    def number(self, key: str, default: float) -> float:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(key, f"must be a number, got {value!r}")
+        if not math.isfinite(value):
+            self.fail(key, f"must be finite, got {value!r}")
+        return float(value)
+
+    def optional_number(self, key: str) -> float | None:
+        if self.data.get(key) is None:
+            self._used.add(key)
+            return None
+        return self.number(key, 0.0)
+
+    def integer(self, key: str, default: int) -> int:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"must be an integer, got {value!r}")
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.fail(key, f"must be a string, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def choice(self, key: str, enum: type[E], default: E) -> E:
+        value = self._raw(key)
+        if value is None:
+            return default
+        allowed = [member.value for member in enum]
+        if value not in allowed:
+            self.fail(key, f"must be one of {allowed}, got {value!r}")
+        return enum(value)
+
+    def texts(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(key, f"must be a list of strings, got {value!r}")
+        return tuple(value)
+
+    def table(self, key: str) -> _Table | None:
+        value = self._raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.fail(key, f"must be a table, got {value!r}")
+        return _Table(value, _join(self.path, key), self.source)
+
+    def tables(self, key: str) -> list[_Table]:
+        value = self._raw(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            self.fail(key, f"must be an array of tables, got {value!r}")
+        where = _join(self.path, key)
+        return [_Table(item, f"{where}[{i}]", self.source) for i, item in enumerate(value)]
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self._used)
+        if unknown:
+            self.fail(unknown[0], f"unknown key; allowed here: {sorted(self._used)}")
+
+    def build(self, make: Callable[[], T]) -> T:
+        """Construct a spec from this table, reporting its field errors at their path."""
+        self.done()
+        try:
+            return make()
+        except SpecError as exc:
+            self.fail(exc.field, exc.reason)
+
+
+def _distribution(parent: _Table, key: str, default: Distribution) -> Distribution:
+    t = parent.table(key)
+    if t is None:
+        return default
+    kind = t.choice("kind", DistributionKind, default.kind)
+    # Fields left out keep the default distribution's values when the kind is unchanged.
+    base = default if kind is default.kind else None
+
+    def field_value(name: str, attribute: str, fallback: float) -> float:
+        return t.number(name, getattr(base, attribute) if base is not None else fallback)
+
+    value = field_value("value", "value", 0.0)
+    low = field_value("low", "low", 0.0)
+    high = field_value("high", "high", 0.0)
+    median = field_value("median", "median", 0.0)
+    sigma = field_value("sigma", "sigma", 0.0)
+    mean = field_value("mean", "mean", 0.0)
+    lo = field_value("min", "min_value", 0.0)
+    hi = field_value("max", "max_value", math.inf)
+    return t.build(
+        lambda: Distribution(
+            kind,
+            value=value,
+            low=low,
+            high=high,
+            median=median,
+            sigma=sigma,
+            mean=mean,
+            min_value=lo,
+            max_value=hi,
+        )
+    )
+
+
+def _arrival(parent: _Table, default: ArrivalSpec) -> ArrivalSpec:
+    t = parent.table("arrival")
+    if t is None:
+        return default
+    kind = t.choice("kind", ArrivalKind, default.kind)
+    rate = t.number("rate_rps", default.rate_rps)
+    ratio = t.number("peak_to_mean_ratio", default.peak_to_mean_ratio)
+    peak = t.number("peak_hour_utc", default.peak_hour_utc)
+    steps: list[RateStep] = []
+    for step in t.tables("steps"):
+        for key in ("at_s", "rate_rps"):
+            if not step.has(key):
+                step.fail(key, "is required in every step")
+        at_s = step.number("at_s", 0.0)
+        step_rate = step.number("rate_rps", 0.0)
+        steps.append(step.build(functools.partial(RateStep, at_s, step_rate)))
+    return t.build(
+        lambda: ArrivalSpec(
+            kind=kind,
+            rate_rps=rate,
+            peak_to_mean_ratio=ratio,
+            peak_hour_utc=peak,
+            steps=tuple(steps),
+        )
+    )
+
+
+def _workload(parent: _Table, base_dir: Path) -> WorkloadSpec:
+    default = _default_workload()
+    t = parent.table("workload")
+    if t is None:
+        return default
+    arrival = _arrival(t, default.arrival)
+    user = _distribution(t, "user_tokens", default.user_tokens)
+    output = _distribution(t, "output_tokens", default.output_tokens)
+    max_tokens = t.integer("max_tokens", default.max_tokens)
+    max_context = t.integer("max_context_tokens", default.max_context_tokens)
+    conversation = default.conversation
+    ct = t.table("conversation")
+    if ct is not None:
+        turns = ct.number("turns_mean", conversation.turns_mean)
+        think = _distribution(ct, "think_time_s", conversation.think_time_s)
+        conversation = ct.build(lambda: ConversationSpec(turns_mean=turns, think_time_s=think))
+    tenants = default.tenants
+    if t.has("tenants"):
+        built: list[TenantSpec] = []
+        for tt in t.tables("tenants"):
+            name = tt.text("name", "")
+            weight = tt.number("weight", 1.0)
+            system = tt.integer("system_prompt_tokens", 0)
+            built.append(tt.build(functools.partial(TenantSpec, name, weight, system)))
+        tenants = tuple(built)
+    replay = None
+    rt = t.table("replay")
+    if rt is not None:
+        raw_path = rt.text("path", "")
+        if not raw_path:
+            rt.fail("path", "is required: the trace file to replay")
+        path = Path(raw_path)
+        if not path.is_absolute():
+            path = base_dir / path
+        trace_format = rt.choice("format", TraceFormat, TraceFormat.AZURE_CSV)
+        speedup = rt.number("speedup", 1.0)
+        tenant = rt.text("tenant", "") or None
+        replay = rt.build(lambda: ReplaySpec(path, trace_format, speedup, tenant))
+    return t.build(
+        lambda: WorkloadSpec(
+            arrival=arrival,
+            user_tokens=user,
+            output_tokens=output,
+            max_tokens=max_tokens,
+            conversation=conversation,
+            tenants=tenants,
+            max_context_tokens=max_context,
+            replay=replay,
+        )
+    )
+
+
+def _engine(parent: _Table) -> EngineParams:
+    default = EngineParams()
+    t = parent.table("engine")
+    if t is None:
+        return default
+    kwargs: dict[str, Any] = {}
+    for name, value in vars(default).items():
+        if isinstance(value, bool):
+            kwargs[name] = t.flag(name, value)
+        elif isinstance(value, int):
+            kwargs[name] = t.integer(name, value)
+        else:
+            kwargs[name] = t.number(name, value)
+    return t.build(lambda: EngineParams(**kwargs))
+
+
+def _failures(parent: _Table) -> tuple[FailureSpec, ...]:
+    out: list[FailureSpec] = []
+    for ft in parent.tables("failures"):
+        if not ft.has("kind"):
+            ft.fail("kind", f"is required: one of {[k.value for k in FailureKind]}")
+        kind = ft.choice("kind", FailureKind, FailureKind.REPLICA_CRASH)
+        if not ft.has("at_s"):
+            ft.fail("at_s", "is required (seconds after the start)")
+        at_s = ft.number("at_s", 0.0)
+        target = ft.text("target", "")
+        duration = ft.optional_number("duration_s")
+        factor = ft.number("factor", 3.0)
+        ratio = ft.number("error_ratio", 1.0)
+        out.append(
+            ft.build(functools.partial(FailureSpec, kind, at_s, target, duration, factor, ratio))
+        )
+    return tuple(out)
+
+
+def fleet_config_from_mapping(
+    doc: Mapping[str, Any], *, source: str, base_dir: Path | None = None
+) -> FleetConfig:
+    """A config from a parsed TOML document; relative paths are resolved against `base_dir`."""
+    root = _Table(doc, "", source)
+    model = root.text("model", DEFAULT_MODEL)
+    pool = root.text("pool", "default")
+    topology = TopologySpec()
+    tt = root.table("topology")
+    if tt is not None:
+        zones = tt.texts("zones", topology.zones)
+        hosts = tt.integer("hosts_per_zone", topology.hosts_per_zone)
+        per_host = tt.integer("replicas_per_host", topology.replicas_per_host)
+        gpus = tt.integer("gpus_per_replica", topology.gpus_per_replica)
+        topology = tt.build(lambda: TopologySpec(zones, hosts, per_host, gpus))
+    engine = _engine(root)
+    router = RouterSpec()
+    rt = root.table("router")
+    if rt is not None:
+        policy = rt.choice("policy", RouterPolicy, router.policy)
+        load_factor = rt.number("load_factor", router.load_factor)
+        min_cap = rt.integer("min_load_cap", router.min_load_cap)
+        vnodes = rt.integer("virtual_nodes", router.virtual_nodes)
+        router = rt.build(lambda: RouterSpec(policy, load_factor, min_cap, vnodes))
+    workload = _workload(root, base_dir or Path.cwd())
+    failures = _failures(root)
+    slo = SloSpec()
+    st = root.table("slo")
+    if st is not None:
+        ttft = st.number("ttft_s", slo.ttft_s)
+        tpot = st.number("tpot_s", slo.tpot_s)
+        target = st.number("target_ratio", slo.target_ratio)
+        slo = st.build(lambda: SloSpec(ttft, tpot, target))
+    return root.build(
+        lambda: FleetConfig(
+            model=model,
+            pool=pool,
+            topology=topology,
+            engine=engine,
+            router=router,
+            workload=workload,
+            failures=failures,
+            slo=slo,
+        )
+    )
+
+
+def load_fleet_config(path: Path | str) -> FleetConfig:
+    """Read and validate a fleet TOML file."""
+    location = Path(path)
+    source = str(location)
+    try:
+        doc = tomllib.loads(location.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FleetConfigError(source, "", f"cannot read the config: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise FleetConfigError(source, "", f"not UTF-8 text: {exc.reason}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise FleetConfigError(source, "", f"not valid TOML: {exc}") from exc
+    return fleet_config_from_mapping(doc, source=source, base_dir=location.parent)

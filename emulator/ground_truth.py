@@ -1,0 +1,204 @@
+"""Ground truth: a replica's capacity at SLO, found by search in virtual time.
+
+Capacity at SLO (DistServe's sense, REFERENCE section 3) is the largest request rate at which
+at least `target_ratio` of requests meet both the TTFT and the TPOT limit (limits inclusive;
+a failed request never meets them; a one-token answer has no TPOT and meets that limit, as
+`vllm bench serve` counts it). One replica gets the workload's mix as a Poisson stream:
+`requests` arrivals are judged after a warm-up share, and each rate is simulated with the same
+seed, so every probe sees the same requests, only closer together or further apart (common
+random numbers keep attainment from jittering between probes). The search doubles the rate
+until attainment falls below target, then bisects until the bracket is `tolerance_ratio` wide;
+the reported capacity is the bracket's lower end, a rate that was simulated and met the target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from emulator.engine import EngineParams
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
+from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, WorkloadSpec
+
+PROBE_START_S = 1_800_000_000.0  # any instant will do; probes never read a wall clock
+MIN_RATE_RPS = 1e-3
+CONVERSATION_WARMUP_S = 300.0
+MAX_RATE_RPS = 1e6
+
+
+@dataclass(frozen=True)
+class CapacityProbe:
+    """Attainment of one simulated rate."""
+
+    rate_rps: float
+    judged_requests: int
+    good_requests: int
+
+    @property
+    def attainment_ratio(self) -> float:
+        return self.good_requests / self.judged_requests if self.judged_requests else 0.0
+
+
+@dataclass(frozen=True)
+class CapacityAtSlo:
+    """The search's answer and every probe it ran, in the order it ran them."""
+
+    capacity_rps: float
+    attainment_ratio: float
+    slo: SloSpec
+    probes: tuple[CapacityProbe, ...]
+    requests_per_probe: int
+    seed: int
+
+
+def meets_slo(record: FinishedRequest, slo: SloSpec) -> bool:
+    """Whether one finished request is good under `slo` (vLLM bench's goodput rule)."""
+    if record.failed or record.ttft_s > slo.ttft_s:
+        return False
+    if record.completion_tokens <= 1:
+        return True
+    return record.decode_s / (record.completion_tokens - 1) <= slo.tpot_s
+
+
+class _Judge:
+    """Observer and source wrapper: counts requests arriving in the judged window."""
+
+    def __init__(self, source: RequestSource, *, slo: SloSpec, from_s: float, to_s: float) -> None:
+        self._source = source
+        self._slo = slo
+        self._from_s = from_s
+        self._to_s = to_s
+        self.arrived = 0
+        self.finished = 0
+        self.good = 0
+
+    def _count(self, spec: RequestSpec | None) -> RequestSpec | None:
+        if spec is not None and self._from_s <= spec.arrival_s < self._to_s:
+            self.arrived += 1
+        return spec
+
+    def next_arrival(self) -> RequestSpec | None:
+        return self._count(self._source.next_arrival())
+
+    def follow_up(
+        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+    ) -> RequestSpec | None:
+        return self._count(
+            self._source.follow_up(
+                finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok
+            )
+        )
+
+    def request_finished(self, record: FinishedRequest) -> None:
+        if self._from_s <= record.arrival_s < self._to_s:
+            self.finished += 1
+            self.good += meets_slo(record, self._slo)
+
+    def engine_steps(self, record: EngineSteps) -> None:
+        pass
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        pass
+
+
+def attainment_at(
+    engine: EngineParams,
+    workload: WorkloadSpec,
+    *,
+    rate_rps: float,
+    slo: SloSpec,
+    seed: int,
+    requests: int,
+    warmup_ratio: float = 0.1,
+) -> CapacityProbe:
+    """Simulate one replica at `rate_rps` and judge about `requests` requests after a warm-up.
+
+    The warm-up is `warmup_ratio` of the judged window, and at least
+    `CONVERSATION_WARMUP_S` when conversations have follow-up turns, which arrive a think
+    time after earlier turns and so take a while to reach their steady share of the load.
+    Requests still unfinished when the judged ones should long have drained (the window
+    again, at least 120 s, after the last arrival) count as missing the SLO.
+    """
+    if not rate_rps > 0:
+        raise ValueError(f"rate_rps must be > 0, got {rate_rps}")
+    window_s = requests / rate_rps
+    warmup_s = warmup_ratio * window_s
+    if workload.conversation.turns_mean > 1.0:
+        warmup_s = max(warmup_s, CONVERSATION_WARMUP_S)
+    from_s = PROBE_START_S + warmup_s
+    to_s = from_s + window_s
+    mix = workload.with_rate(rate_rps)
+    source = SyntheticWorkload(mix, seed=seed, start_s=PROBE_START_S, until_s=to_s)
+    judge = _Judge(source, slo=slo, from_s=from_s, to_s=to_s)
+    config = FleetConfig(
+        topology=TopologySpec(zones=("zone-a",), hosts_per_zone=1, replicas_per_host=1),
+        engine=engine,
+        router=RouterSpec(policy=RouterPolicy.ROUND_ROBIN),
+        workload=mix,
+        slo=slo,
+    )
+    sim = FleetSimulation(config, observer=judge, seed=seed, start_s=PROBE_START_S, source=judge)
+    sim.run_until(to_s)
+    deadline_s = to_s + max(120.0, window_s)
+    step_s = max(10.0, window_s / 20)
+    while judge.finished < judge.arrived and sim.now_s < deadline_s:
+        sim.run_until(min(sim.now_s + step_s, deadline_s))
+    return CapacityProbe(rate_rps, judge.arrived, judge.good)
+
+
+def capacity_at_slo(
+    engine: EngineParams,
+    workload: WorkloadSpec,
+    *,
+    slo: SloSpec | None = None,
+    seed: int = 0,
+    requests: int = 3000,
+    tolerance_ratio: float = 0.02,
+    first_rate_rps: float = 1.0,
+) -> CapacityAtSlo:
+    """The largest Poisson request rate one replica serves with attainment >= target."""
+    slo = slo or SloSpec()
+    if not 0 < tolerance_ratio < 1:
+        raise ValueError(f"tolerance_ratio must be in (0, 1), got {tolerance_ratio}")
+    probes: list[CapacityProbe] = []
+
+    def probe(rate_rps: float) -> CapacityProbe:
+        result = attainment_at(
+            engine, workload, rate_rps=rate_rps, slo=slo, seed=seed, requests=requests
+        )
+        probes.append(result)
+        return result
+
+    def meets(result: CapacityProbe) -> bool:
+        return result.attainment_ratio >= slo.target_ratio
+
+    first = probe(first_rate_rps)
+    if meets(first):
+        good = first
+        while meets(result := probe(good.rate_rps * 2)):
+            if result.rate_rps > MAX_RATE_RPS:
+                raise ValueError(f"attainment still meets the target at {result.rate_rps} req/s")
+            good = result
+        bad = result
+    else:
+        bad = first
+        while not meets(result := probe(bad.rate_rps / 2)):
+            if result.rate_rps < MIN_RATE_RPS:
+                return CapacityAtSlo(0.0, 0.0, slo, tuple(probes), requests, seed)
+            bad = result
+        good = result
+    while bad.rate_rps - good.rate_rps > tolerance_ratio * good.rate_rps:
+        result = probe(math.sqrt(good.rate_rps * bad.rate_rps))
+        if result.attainment_ratio >= slo.target_ratio:
+            good = result
+        else:
+            bad = result
+    return CapacityAtSlo(good.rate_rps, good.attainment_ratio, slo, tuple(probes), requests, seed)
+
+
+def capacity_for_config(config: FleetConfig, *, seed: int, requests: int = 3000) -> CapacityAtSlo:
+    """Per-replica capacity at the config's SLO for its engine and workload mix."""
+    workload = replace(config.workload, replay=None)
+    return capacity_at_slo(config.engine, workload, slo=config.slo, seed=seed, requests=requests)
