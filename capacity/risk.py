@@ -171,16 +171,20 @@ def structural_flags(
 ) -> tuple[RiskFlag, ...]:
     flags: list[RiskFlag] = []
     if fit is not None and fit.extrapolated:
-        flags.append(
-            RiskFlag(
-                FlagKind.EXTRAPOLATED_KNEE,
-                capacity_path(requirement),
+        if math.isinf(fit.knee_load):
+            message = (
+                f"latency did not rise with load up to {fmt(fit.load_max)} "
+                f"{fit.load_unit.value}, so the data bounds no capacity: the stated capacity "
+                "stands unmeasured"
+            )
+        else:
+            message = (
                 f"the capacity knee ({fmt(fit.knee_load)} {fit.load_unit.value}) is "
                 f"extrapolated {fit.extrapolation_ratio:.1f}x beyond the highest observed load "
                 f"({fmt(fit.load_max)} {fit.load_unit.value}): the fit was never seen to hold "
-                "there",
+                "there"
             )
-        )
+        flags.append(RiskFlag(FlagKind.EXTRAPOLATED_KNEE, capacity_path(requirement), message))
     zones = sorted(set(requirement.placement.zones) | set(layout.zones))
     if len(zones) == 1 and requirement.failure_unit is not FailureUnit.NONE:
         if requirement.failure_unit is FailureUnit.ZONE:

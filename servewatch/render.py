@@ -200,7 +200,7 @@ def demo_summary(summary: dict[str, Any]) -> str:
     lines.append(f"recommendation: {summary['recommendation']}")
     risk = summary.get("riskiest_assumption")
     if risk:
-        lines.append(f"riskiest assumption: {risk}")
+        lines.append(f"riskiest assumption: {risk['assumption']}: {risk['reason']}")
     live = summary.get("live")
     if live:
         lines.append(
