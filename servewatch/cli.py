@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,6 +40,7 @@ from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from dashboards.export import write_report
 from dashboards.report import ReportInputs, build_report
+from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
 from pipeline.metric_frames import metric_minute_frames
 from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
@@ -48,6 +50,7 @@ from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
+from servewatch.emulation import record_emulated_fleet, serve_emulated_fleet
 from servewatch.instants import format_instant, parse_duration, parse_instant
 from servewatch.recommend_service import recommend_from_store
 from servewatch.render import (
@@ -788,6 +791,83 @@ def run(
         service.run_until(stop, health_port=health_port)
     except OSError as exc:
         raise fail(f"cannot start: {exc}") from exc
+
+
+@app.command()
+def emulate(
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="Fleet TOML (docs/fleet.example.toml); default fleet if absent."
+        ),
+    ] = None,
+    record: Annotated[
+        Path | None, typer.Option(help="Write a fixture folder here instead of serving live.")
+    ] = None,
+    hours: Annotated[float, typer.Option(help="Length of a recording (with --record).")] = 1.0,
+    scrape_interval_s: Annotated[
+        float, typer.Option(help="Seconds between recorded pages (with --record).")
+    ] = 60.0,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(help="Live: send spans here (e.g. http://127.0.0.1:4318/v1/traces)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 1,
+    as_json: JsonOption = False,
+) -> None:
+    """An emulated vLLM fleet speaking the real wire formats; everything it emits says it is
+    emulated. Live (default): each replica serves /metrics and each host a DCGM page on
+    127.0.0.1 until interrupted, spans go to --otlp-endpoint. With --record DIR: the same
+    simulation in virtual time, written as a fixture folder for `servewatch replay`."""
+    try:
+        fleet = load_fleet_config(config_path) if config_path else FleetConfig.default()
+    except (FleetConfigError, OSError) as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    if record is not None:
+        if not hours > 0:
+            raise fail(f"--hours must be positive, got {hours}", code=EXIT_BAD_INPUT)
+        start_s = float(int(time.time() // 3600 * 3600) - int(hours * 3600))
+        with err_console.status(f"recording {hours:g} h of the emulated fleet"):
+            manifest = record_emulated_fleet(
+                fleet,
+                folder=record,
+                start_s=start_s,
+                hours=hours,
+                scrape_interval_s=scrape_interval_s,
+                seed=seed,
+            )
+        summary = {
+            "fixture": str(record),
+            "requests": manifest["spans"]["count"],
+            "pages": manifest["pages"]["count"],
+            "ground_truth": manifest["ground_truth"],
+        }
+        if as_json:
+            print_json(summary)
+        else:
+            out_console.print(
+                f"wrote {record}: {summary['requests']:,} requests, {summary['pages']:,} pages "
+                f"(emulated); replay with `servewatch replay {record}`",
+                highlight=False,
+            )
+        return
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    serve_emulated_fleet(
+        fleet,
+        seed=seed,
+        otlp_endpoint=otlp_endpoint,
+        stop=stop,
+        announce=lambda targets: (
+            print_json({"targets": targets})
+            if as_json
+            else out_console.print(
+                "\n".join(f"{t['kind']:5} {t['url']}  {t['labels']}" for t in targets),
+                highlight=False,
+            )
+        ),
+    )
 
 
 @app.command()

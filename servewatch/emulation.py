@@ -1,0 +1,85 @@
+"""`servewatch emulate`: an emulated fleet recorded to a fixture folder, or served live."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig
+from emulator.ground_truth import capacity_for_config
+from emulator.live_server import LiveFleetServer, run_live
+from emulator.span_output import otlp_http_span_output
+from emulator.vllm_metrics import EngineSettings
+
+
+def record_emulated_fleet(
+    fleet: FleetConfig,
+    *,
+    folder: Path,
+    start_s: float,
+    hours: float,
+    scrape_interval_s: float,
+    seed: int,
+) -> dict[str, Any]:
+    """Simulate `hours` in virtual time and write the fixture folder; returns its manifest."""
+    truth = capacity_for_config(fleet, seed=seed)
+    writer = FixtureWriter(
+        folder,
+        fleet.placements(),
+        start_s=start_s,
+        scrape_interval_s=scrape_interval_s,
+        engine=EngineSettings.from_engine(fleet.engine),
+        seed=seed,
+    )
+    simulation = FleetSimulation(fleet, observer=writer, seed=seed, start_s=start_s)
+    return record_fixture(
+        simulation,
+        writer,
+        end_s=start_s + hours * 3600,
+        ground_truth={
+            "capacity_rps_per_replica": truth.capacity_rps,
+            "attainment_ratio": truth.attainment_ratio,
+            "slo": {
+                "ttft_s": fleet.slo.ttft_s,
+                "tpot_s": fleet.slo.tpot_s,
+                "target_ratio": fleet.slo.target_ratio,
+            },
+        },
+        description="servewatch emulate --record",
+        generator={"seed": seed, "hours": hours},
+    )
+
+
+def serve_emulated_fleet(
+    fleet: FleetConfig,
+    *,
+    seed: int,
+    otlp_endpoint: str | None,
+    stop: threading.Event,
+    announce: Callable[[list[dict[str, Any]]], None],
+) -> None:
+    """Serve the fleet on 127.0.0.1 at wall-clock time until `stop` is set."""
+    spans = (
+        otlp_http_span_output(fleet.placements(), endpoint=otlp_endpoint) if otlp_endpoint else None
+    )
+    started = time.time()
+    server = LiveFleetServer(
+        fleet.placements(),
+        started_s=started,
+        engine=EngineSettings.from_engine(fleet.engine),
+        spans=spans,
+    )
+    simulation = FleetSimulation(fleet, observer=server, seed=seed, start_s=started)
+    server.start()
+    try:
+        announce([{"kind": t.kind.value, "url": t.url, "labels": t.labels} for t in server.targets])
+        run_live(simulation, server, clock=time.time, wait=stop.wait)
+    finally:
+        server.stop()
+        if spans is not None:
+            spans.shutdown()
