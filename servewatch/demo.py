@@ -49,7 +49,7 @@ from servewatch.slo_service import load_specs, slo_minutes_at, status_at
 from slo.alert_state import changes_to_frame
 from slo.alerting import replay as replay_alerts
 
-DAY_START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z
+DAY_START_S = 1_795_046_400.0  # 2026-11-19T00:00:00Z
 DEMO_LIMITS = GoodputLimits(ttft_s=0.5, tpot_s=0.05)
 SCRAPE_INTERVAL_S = 120.0
 LIVE_INTERVAL_S = 2.0

@@ -3,13 +3,16 @@ JSON-ready document, optionally with a series of consecutive windows."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
 import polars as pl
 
+from pipeline.cross_check import cross_check
+from pipeline.metric_sli import Scope, histogram_quantiles, series_dimensions
 from pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
+from pipeline.signals import Signal
 from pipeline.store import Store
 from servewatch.instants import format_instant
 
@@ -120,6 +123,7 @@ def build_sli_report(
     }
     if step is not None:
         window_rows, window_groups = collected[2], collected[3]
+        report["cross_check"] = _cross_check(store, window_rows, step=step)
         report["series"] = [
             {
                 "from": format_instant(row["window_start"]),
@@ -132,3 +136,48 @@ def build_sli_report(
             for row in window_rows.iter_rows(named=True)
         ]
     return report
+
+
+def _cross_check(
+    store: Store, window_rows: pl.DataFrame, *, step: timedelta
+) -> list[dict[str, Any]]:
+    """TTFT p95 per window from traces against the same from vLLM's histogram, when scraped."""
+    if store.points_range() is None or window_rows.height == 0:
+        return []
+    dimensions = series_dimensions(store.read_series(), store.read_targets())
+    bounds = (
+        dimensions.filter(pl.col("signal") == Signal.TTFT_S.value)
+        .select(pl.col("le").drop_nulls().unique())
+        .collect()
+        .to_series()
+        .to_list()
+    )
+    starts = window_rows["window_start"].to_list()
+    ends_s = [(start + step).replace(tzinfo=UTC).timestamp() for start in starts]
+    points = store.read_points(from_ts=min(starts) - step, to_ts=max(starts) + 2 * step)
+    histogram = histogram_quantiles(
+        points,
+        dimensions,
+        signal=Signal.TTFT_S,
+        q=0.95,
+        range_s=step.total_seconds(),
+        window_ends_s=ends_s,
+        scope=Scope.FLEET,
+    ).select("window_end_s", histogram_s=pl.col("quantile"))
+    traces = pl.LazyFrame(
+        {"window_end_s": ends_s, "trace_s": window_rows["ttft_p95_s"].to_list()},
+        schema={"window_end_s": pl.Float64, "trace_s": pl.Float64},
+    )
+    checked = cross_check(traces, histogram, bounds=bounds).collect()
+    return [
+        {
+            "to": format_instant(
+                datetime.fromtimestamp(row["window_end_s"], tz=UTC).replace(tzinfo=None)
+            ),
+            "trace_ttft_p95_s": row["trace_s"],
+            "histogram_ttft_p95_s": row["histogram_s"],
+            "bucket_width_s": row["bucket_width_s"],
+            "diverges": row["diverges"],
+        }
+        for row in checked.iter_rows(named=True)
+    ]

@@ -52,6 +52,13 @@ def test_record_then_replay_twice_leaves_identical_tables(
         assert after[table].equals(before[table]), table
     assert before["points"].height > 0
 
+    # Traces and histograms of one emulated run agree within a bucket, window by window.
+    sli = runner.invoke(app, ["--db", db, "sli", "--window", "3m", "--by", "fleet", "--json"])
+    assert sli.exit_code == 0, sli.output
+    checked = [c for c in json.loads(sli.stdout)["cross_check"] if c["diverges"] is not None]
+    assert checked
+    assert not any(c["diverges"] for c in checked)
+
 
 def test_a_bad_fleet_config_names_the_field(tmp_path: Path, runner: CliRunner) -> None:
     config = tmp_path / "fleet.toml"
