@@ -100,6 +100,10 @@ class State:
 state = State()
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+FromOption = Annotated[
+    str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
+]
+ToOption = Annotated[str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")]
 
 
 def _version(value: bool) -> None:
@@ -400,12 +404,8 @@ def scrape(
 
 @app.command()
 def sli(
-    from_: Annotated[
-        str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
-    ] = None,
-    to: Annotated[
-        str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")
-    ] = None,
+    from_: FromOption = None,
+    to: ToOption = None,
     ttft_ms: Annotated[
         float | None, typer.Option("--ttft-ms", help="Goodput limit on TTFT (inclusive), ms.")
     ] = None,
@@ -660,10 +660,8 @@ def recommend(
         Path,
         typer.Option(help="Requirement TOML: SLO latency limit, demand, failure unit, costs."),
     ],
-    from_: Annotated[
-        str | None, typer.Option("--from", help="Use data from this time (ISO 8601 or Unix s).")
-    ] = None,
-    to: Annotated[str | None, typer.Option("--to", help="Use data up to this time.")] = None,
+    from_: FromOption = None,
+    to: ToOption = None,
     out: Annotated[
         Path | None, typer.Option(help="Also write the decision record as Markdown here.")
     ] = None,
@@ -706,12 +704,8 @@ def recommend(
 @app.command()
 def report(
     out: Annotated[Path, typer.Option(help="Folder for report.html and charts/.")] = Path("report"),
-    from_: Annotated[
-        str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
-    ] = None,
-    to: Annotated[
-        str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")
-    ] = None,
+    from_: FromOption = None,
+    to: ToOption = None,
     ttft_ms: Annotated[float | None, typer.Option("--ttft-ms", help="TTFT limit, ms.")] = None,
     tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", help="TPOT limit, ms.")] = None,
     images: Annotated[bool, typer.Option(help="Also write a PNG and an SVG per chart.")] = True,
