@@ -259,6 +259,12 @@ def capacity_figure(fit: CapacityFit) -> Figure:
             f"capacity fit ({fit.data}): latency did not rise with load up to "
             f"{fmt(fit.load_max)} {fit.load_unit.value}, so the data bounds no capacity"
         )
+    if not fit.knee_load > 0:
+        raise ValueError(
+            f"capacity fit ({fit.data}): the fitted latency exceeds the "
+            f"{fit.latency_limit_s:g} s limit at every load (intercept "
+            f"{fit.intercept_s:.3g} s), so no load meets the SLO by this fit"
+        )
     if fit.load_unit is LoadUnit.REQ_PER_S:
         scale, unit, how = 60.0, "req/min", "knee x 60 s"
     else:

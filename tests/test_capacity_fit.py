@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from capacity.capacity_fit import (
+    CapacityFit,
     FitSpec,
     LoadUnit,
     bootstrap_resamples,
@@ -215,3 +216,23 @@ def test_flat_latency_bounds_no_capacity() -> None:
     assert "no knee can be located" in result.summary()
     with pytest.raises(ValueError, match="bounds no capacity"):
         capacity_figure(result)
+
+
+def test_a_fit_above_the_limit_at_every_load_bounds_no_capacity() -> None:
+    fit = CapacityFit(
+        latency_limit_s=0.5,
+        load_unit=LoadUnit.REQ_PER_S,
+        intercept_s=0.8,
+        slope_s_per_load=0.1,
+        knee_load=-3.0,
+        knee_low_load=-4.0,
+        knee_high_load=-2.0,
+        confidence_ratio=0.9,
+        points=30,
+        replicas=3,
+        load_min=0.1,
+        load_max=1.0,
+        data="synthetic",
+    )
+    with pytest.raises(ValueError, match=r"exceeds the 0\.5 s limit at every load"):
+        capacity_figure(fit)
