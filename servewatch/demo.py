@@ -36,7 +36,7 @@ from emulator.ground_truth import capacity_for_config
 from emulator.live_server import LiveFleetServer, run_live
 from emulator.span_output import otlp_http_span_output
 from emulator.vllm_metrics import EngineSettings
-from emulator.workload import ArrivalKind, ArrivalSpec
+from emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from pipeline.metric_frames import metric_minute_frames
 from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
@@ -92,26 +92,38 @@ Progress = Callable[[str], None]
 
 
 def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
+    """The demo fleet: 12 replicas of a large-model profile (slow steps, at most 20 running),
+    each good for about 0.75 req/s at the SLO, so the afternoon peak runs the fleet at about
+    half its capacity and two thirds of it after the host loss; the slowed replica pushes
+    TPOT past its limit, which the goodput SLO pages on."""
+    day_s = hours * 3600
     failures = (
-        FailureSpec(
-            FailureKind.HOST_LOSS, at_s=hours * 3600 * 0.40, target="host-1", duration_s=1800
-        ),
+        FailureSpec(FailureKind.HOST_LOSS, at_s=day_s * 0.60, target="host-1", duration_s=3600),
         FailureSpec(
             FailureKind.SLOW_REPLICA,
-            at_s=hours * 3600 * 0.65,
+            at_s=day_s * 0.80,
             target="vllm-7",
-            duration_s=hours * 3600 * 0.15,
-            factor=12.0,  # decode steps ~12x slower: TPOT past the 50 ms limit
+            duration_s=day_s * 0.10,
+            factor=2.0,  # decode steps twice as slow: TPOT past the 50 ms limit
         ),
     )
     config = FleetConfig.default()
+    engine = replace(
+        config.engine,
+        step_base_s=0.025,
+        step_per_seq_s=0.0004,
+        step_per_prefill_token_s=0.00004,
+        max_num_seqs=20,
+    )
     return replace(
         config,
         pool="chat",
+        engine=engine,
         topology=TopologySpec(zones=("zone-a", "zone-b"), hosts_per_zone=2, replicas_per_host=3),
         workload=replace(
             config.workload,
             arrival=ArrivalSpec(kind=ArrivalKind.DIURNAL, rate_rps=rate_rps, peak_hour_utc=15.0),
+            output_tokens=Distribution.lognormal(500.0, 0.9, min_value=1, max_value=4000),
         ),
         failures=failures,
     )

@@ -20,8 +20,9 @@ from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
 from capacity.recommendation import recommend
 from capacity.requirement import Requirement
 from capacity.sizing import RateCapacity
+from pipeline.metric_frames import metric_minute_frames
 from pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from pipeline.metric_sli import Scope, counter_increases, gauge_stats, series_dimensions
+from pipeline.metric_sli import Scope, gauge_stats, series_dimensions
 from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.signals import Signal
 from pipeline.store import Store
@@ -126,24 +127,13 @@ def measure(
     if window is not None:
         dims = series_dimensions(store.read_series(), store.read_targets())
         points = store.read_points(from_ts=window[0], to_ts=window[1])
-        ends = minute_ends_s(*window)
-        per_minute = [
-            counter_increases(
-                points, dims, signal=signal, range_s=MINUTE_S, window_ends_s=ends, scope=Scope.FLEET
-            ).rename({"increase": name})
-            for signal, name in (
-                (Signal.PREFIX_CACHE_HITS_TOKENS, HITS),
-                (Signal.PREFIX_CACHE_QUERIES_TOKENS, QUERIES),
-            )
-        ]
+        # The dashboards' per-minute prefix-cache frame, summed over replicas.
         minutes_frame = (
-            per_minute[0]
-            .join(per_minute[1], on="window_end_s")
-            .select(
-                minute_ts=pl.from_epoch(
-                    (pl.col("window_end_s") * 1e6).cast(pl.Int64), time_unit="us"
-                ),
-                **{HITS: pl.col(HITS), QUERIES: pl.col(QUERIES)},
+            metric_minute_frames(points, dims, start=window[0], end=window[1])["prefix_cache"]
+            .group_by("minute_ts")
+            .agg(
+                pl.col("hits_tokens").sum().alias(HITS),
+                pl.col("queries_tokens").sum().alias(QUERIES),
             )
         )
         try:
