@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,38 @@ def require_program(name: str) -> str:
             pytest.fail(f"{message}, and CI must run this test")
         pytest.skip(message)
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+SAMPLE_PAGE = (FIXTURES / "samples" / "vllm_metrics_production-stack-issue-617.txt").read_bytes()
+
+
+class _SamplePageHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(SAMPLE_PAGE)))
+        self.end_headers()
+        self.wfile.write(SAMPLE_PAGE)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    """A real /metrics endpoint on 127.0.0.1 serving the captured vLLM page."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SamplePageHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import socket
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -13,17 +12,12 @@ import pytest
 
 from collectors.scraper import ACCEPT, jittered_offset_s, scrape_targets
 from collectors.targets import Target, TargetKind
+from tests.conftest import free_port
 
 PAGE = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3\n'
 NOW = datetime(2026, 11, 29, 12, 0, 0)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def target(port: int, name: str) -> Target:
