@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,12 +39,8 @@ from collectors.replay import fixture_page_count, replay_fixture
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from dashboards.export import write_report
-from dashboards.report import ReportInputs, build_report
 from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
-from pipeline.metric_frames import metric_minute_frames
-from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
-from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
@@ -64,6 +60,7 @@ from servewatch.render import (
     sli_table,
     slo_status_table,
 )
+from servewatch.report_service import store_report
 from servewatch.scraping import resolve_targets, scrape_round, wait_for_next_round
 from servewatch.service import Service
 from servewatch.sli_report import Grouping, build_sli_report
@@ -718,31 +715,7 @@ def report(
         ttft_s=_limit_s(ttft_ms, "--ttft-ms"), tpot_s=_limit_s(tpot_ms, "--tpot-ms")
     )
     with open_store() as store:
-        roll_up_request_minutes(store)
-        metric_frames: dict[str, pl.LazyFrame] = {}
-        stored = store.points_range()
-        if stored is not None:
-            start, end = from_ts or stored[0], to_ts or stored[1] + timedelta(minutes=1)
-            metric_frames = metric_minute_frames(
-                store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end),
-                series_dimensions(store.read_series(), store.read_targets()),
-                start=start,
-                end=end,
-            )
-        inputs = ReportInputs(
-            requests=store.read_requests(from_ts=from_ts, to_ts=to_ts),
-            request_minutes=store.read_request_minutes(from_ts=from_ts, to_ts=to_ts),
-            slo_minutes=store.read_slo_minutes(from_ts=from_ts, to_ts=to_ts),
-            sli_report=build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts),
-            kv_cache_usage=metric_frames.get("kv_cache_usage"),
-            prefix_cache=metric_frames.get("prefix_cache"),
-            scheduler_state=metric_frames.get("scheduler_state"),
-            token_throughput=metric_frames.get("token_throughput"),
-            latency_percentiles=metric_frames.get("latency_percentiles"),
-        )
-        built = build_report(
-            inputs, window=(from_ts, to_ts) if from_ts and to_ts else None, limits=limits
-        )
+        built = store_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts)
     with err_console.status("rendering charts"):
         files = write_report(built, out, images=images)
     document = {"html": str(files.html), "html_bytes": files.html_bytes, "out": str(out)}

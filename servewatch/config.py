@@ -36,6 +36,16 @@ class SloSettings:
 
 
 @dataclass(frozen=True)
+class JobSettings:
+    """Optional service jobs: report export every N minutes, a daily recommendation."""
+
+    report_dir: Path | None = None
+    report_every_minutes: float = 15.0
+    requirement: Path | None = None
+    recommend_at_utc: str = "06:00"
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path | None
     store_path: Path = Path("servewatch.duckdb")
@@ -44,6 +54,7 @@ class Config:
     file_sd: tuple[Path, ...] = ()
     otlp: ReceiverConfig = field(default_factory=ReceiverConfig)
     slo: SloSettings = field(default_factory=SloSettings)
+    jobs: JobSettings = field(default_factory=JobSettings)
 
 
 class _Section:
@@ -216,6 +227,21 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         webhook_url=slo_section.text("webhook_url"),
     )
     slo_section.done()
+
+    jobs_section = root.table("jobs")
+    report_dir = jobs_section.text("report_dir")
+    requirement = jobs_section.text("requirement")
+    recommend_at = jobs_section.text("recommend_at_utc") or "06:00"
+    hour, _, minute = recommend_at.partition(":")
+    if not (hour.isdigit() and minute.isdigit() and int(hour) < 24 and int(minute) < 60):
+        raise jobs_section.fail("recommend_at_utc", f"must be HH:MM, got {recommend_at!r}")
+    jobs = JobSettings(
+        report_dir=None if report_dir is None else _relative(source, report_dir),
+        report_every_minutes=jobs_section.number("report_every_minutes", 15.0),
+        requirement=None if requirement is None else _relative(source, requirement),
+        recommend_at_utc=recommend_at,
+    )
+    jobs_section.done()
     root.done()
     return Config(
         source=source,
@@ -225,6 +251,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         file_sd=tuple(file_sd),
         otlp=otlp,
         slo=slo,
+        jobs=jobs,
     )
 
 

@@ -27,7 +27,6 @@ import polars as pl
 from capacity.requirement import parse_requirement
 from collectors.replay import replay_fixture
 from dashboards.export import write_report
-from dashboards.report import ReportInputs, build_report
 from emulator.failures import FailureKind, FailureSpec
 from emulator.fixture_writer import FixtureWriter, record_fixture
 from emulator.fleet import FleetSimulation
@@ -37,14 +36,12 @@ from emulator.live_server import LiveFleetServer, run_live
 from emulator.span_output import otlp_http_span_output
 from emulator.vllm_metrics import EngineSettings
 from emulator.workload import ArrivalKind, ArrivalSpec, Distribution
-from pipeline.metric_frames import metric_minute_frames
-from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
 from pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
+from servewatch.report_service import store_report
 from servewatch.service import Service
-from servewatch.sli_report import build_sli_report
 from servewatch.slo_service import load_specs, slo_minutes_at, status_at
 from slo.alert_state import changes_to_frame
 from slo.alerting import replay as replay_alerts
@@ -203,26 +200,7 @@ def run_demo(
         store.write_alert_changes(changes_to_frame(changes))
         statuses = status_at(store, specs=specs, at=end)
         progress("writing the report")
-        frames = metric_minute_frames(
-            store.read_points(),
-            series_dimensions(store.read_series(), store.read_targets()),
-            start=start,
-            end=end,
-        )
-        report = build_report(
-            ReportInputs(
-                requests=store.read_requests(),
-                request_minutes=store.read_request_minutes(),
-                slo_minutes=store.read_slo_minutes(),
-                sli_report=build_sli_report(store, limits=DEMO_LIMITS),
-                kv_cache_usage=frames["kv_cache_usage"],
-                prefix_cache=frames["prefix_cache"],
-                scheduler_state=frames["scheduler_state"],
-                token_throughput=frames["token_throughput"],
-                latency_percentiles=frames["latency_percentiles"],
-            ),
-            limits=DEMO_LIMITS,
-        )
+        report = store_report(store, limits=DEMO_LIMITS)
         files = write_report(report, out / "report")
         progress("sizing the fleet")
         peak = (

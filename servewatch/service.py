@@ -10,6 +10,7 @@ own thread. The service's own metrics and `/healthz` are served on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -25,12 +26,18 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from capacity.requirement import load_requirement
 from collectors.metric_ingest import ingest_pages
 from collectors.otlp_receiver import OtlpHttpReceiver
 from collectors.store_writer import StoreWriter
 from collectors.trace_ingest import Reject
+from dashboards.export import write_report
+from pipeline.request_sli import GoodputLimits
 from pipeline.store import Store, utc_now
+from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.config import Config, ConfigError, load_config
+from servewatch.recommend_service import recommend_from_store
+from servewatch.report_service import store_report
 from servewatch.scraping import fetch_results, page_of, resolve_targets
 from servewatch.slo_service import evaluate, load_specs
 from slo.alertmanager import AlertmanagerNotifier
@@ -186,6 +193,39 @@ class Service:
             self.state = ServiceState(config=config, specs=specs)
         self.metrics.config_age.set(time.time() - self.state.loaded_at)
 
+    def report_once(self) -> None:
+        """Export the offline report (HTML and specs; images are left to `servewatch report`,
+        since rendering them would hold the writer for long)."""
+        out = self.state.config.jobs.report_dir
+        if out is None:
+            return
+
+        def export(store: Store) -> None:
+            files = write_report(store_report(store, limits=GoodputLimits()), out, images=False)
+            log.info("report written to %s", files.html)
+
+        self.writer.submit_task(export)
+
+    def recommend_once(self, now: datetime | None = None) -> None:
+        path = self.state.config.jobs.requirement
+        if path is None:
+            return
+        requirement = load_requirement(path)
+        at = now or utc_now()
+
+        def decide(store: Store) -> None:
+            record, _ = recommend_from_store(store, requirement=requirement)
+            store.write_recommendation(
+                pl.DataFrame(
+                    [(at, requirement.name, record.verdict(), json.dumps(record.to_json()))],
+                    schema=RECOMMENDATIONS_SCHEMA,
+                    orient="row",
+                )
+            )
+            log.info("recommendation: %s", record.verdict())
+
+        self.writer.submit_task(decide)
+
     def retention_once(self, *, keep_days: float = 14.0) -> None:
         cutoff = utc_now() - timedelta(days=keep_days)
 
@@ -210,6 +250,23 @@ class Service:
         for name, job, every in jobs:
             self.scheduler.add_job(
                 self._timed(name, job), "interval", id=name, next_run_time=first, **every
+            )
+        settings = self.state.config.jobs
+        if settings.report_dir is not None:
+            self.scheduler.add_job(
+                self._timed("report", self.report_once),
+                "interval",
+                id="report",
+                minutes=settings.report_every_minutes,
+            )
+        if settings.requirement is not None:
+            hour, minute = settings.recommend_at_utc.split(":")
+            self.scheduler.add_job(
+                self._timed("recommend", self.recommend_once),
+                "cron",
+                id="recommend",
+                hour=int(hour),
+                minute=int(minute),
             )
         self.scheduler.start()
         self._health_server = _serve_health(self.metrics, port=health_port)

@@ -15,9 +15,10 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from collectors.trace_ingest import ingest_trace_files
 from pipeline.store import Store
 from servewatch.service import Service
-from tests.conftest import free_port
+from tests.conftest import FIXTURES, free_port
 from tests.test_otlp_receiver import make_spans
 
 SERVEWATCH = [sys.executable, "-m", "servewatch.cli"]
@@ -163,5 +164,36 @@ def test_an_invalid_config_keeps_the_last_good_one(tmp_path: Path) -> None:
         )
         service.reload_config()
         assert service.state.config.scrape.interval_s == 19
+    finally:
+        service.stop()
+
+
+def test_report_and_recommendation_jobs_write_their_outputs(tmp_path: Path) -> None:
+    requirement = tmp_path / "req.toml"
+    requirement.write_text(
+        'name = "small"\nfailure_unit = "host"\n[demand]\nreq_per_min = 60\n'
+        "[replica]\ncapacity_req_per_min = 10\n",
+        encoding="utf-8",
+    )
+    config = service_config(tmp_path)
+    config.write_text(
+        config.read_text(encoding="utf-8")
+        + f'[jobs]\nreport_dir = "{tmp_path / "report"}"\nrequirement = "{requirement}"\n',
+        encoding="utf-8",
+    )
+    service = Service(config)
+    try:
+        spans = FIXTURES / "vllm_spans_small" / "spans.jsonl"
+
+        def ingest(store: Store) -> None:
+            ingest_trace_files([spans], store=store)
+
+        service.writer.submit_task(ingest)
+        service.report_once()
+        service.recommend_once()
+        service.writer.flush()
+        assert service.writer.counters.failed_tasks == 0
+        assert (tmp_path / "report" / "report.html").exists()
+        assert service.store.count("recommendations") == 1
     finally:
         service.stop()
