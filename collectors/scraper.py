@@ -9,7 +9,6 @@ undecodable body) becomes a result with an error, never an exception.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,9 +94,3 @@ async def scrape_targets(
             *(scrape_target(t, client=client, timeout_s=timeout_s, now=now) for t in targets)
         )
     )
-
-
-def jittered_offset_s(target: Target, *, interval_s: float) -> float:
-    """A stable per-target offset within the interval, so scrapes of a big fleet spread out
-    instead of arriving together (Prometheus does the same, by hashing the target)."""
-    return random.Random(target.target_id).uniform(0.0, interval_s)  # noqa: S311 (not security)

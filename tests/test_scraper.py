@@ -10,7 +10,7 @@ from datetime import datetime
 import httpx
 import pytest
 
-from collectors.scraper import ACCEPT, jittered_offset_s, scrape_targets
+from collectors.scraper import ACCEPT, scrape_targets
 from collectors.targets import Target, TargetKind
 from tests.conftest import free_port
 
@@ -126,13 +126,6 @@ def test_openmetrics_content_type_is_noted() -> None:
         return result.openmetrics
 
     assert asyncio.run(main())
-
-
-def test_jitter_is_stable_per_target_and_within_the_interval() -> None:
-    offsets = [jittered_offset_s(target(9000 + i, f"r{i}"), interval_s=15) for i in range(50)]
-    assert all(0 <= o <= 15 for o in offsets)
-    assert len(set(offsets)) == 50
-    assert offsets[0] == jittered_offset_s(target(9000, "r0"), interval_s=15)
 
 
 @pytest.mark.parametrize("status", [404, 503])
