@@ -21,10 +21,9 @@ from capacity.recommendation import recommend
 from capacity.requirement import Requirement
 from capacity.sizing import RateCapacity
 from pipeline.metric_frames import metric_minute_frames
-from pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from pipeline.metric_sli import Scope, gauge_stats, series_dimensions
+from pipeline.metric_minutes import MINUTE_S
+from pipeline.metric_sli import series_dimensions
 from pipeline.rollup_job import roll_up_request_minutes
-from pipeline.signals import Signal
 from pipeline.store import Store
 
 FIT_SEED = 20261129
@@ -78,6 +77,17 @@ def measure(
     fit = None
     limit = requirement.slo.latency_limit_s
     window = _window(store, from_ts, to_ts)
+    # One read of the scraped series serves the running-batch load and the hit ratio.
+    frames = (
+        {}
+        if window is None
+        else metric_minute_frames(
+            store.read_points(from_ts=window[0], to_ts=window[1]),
+            series_dimensions(store.read_series(), store.read_targets()),
+            start=window[0],
+            end=window[1],
+        )
+    )
     if limit is None:
         notes.append("the requirement states no slo.latency_limit_s: capacity taken as stated")
     elif window is None:
@@ -93,20 +103,8 @@ def measure(
             )
             unit = LoadUnit.REQ_PER_S
         else:
-            dims = series_dimensions(store.read_series(), store.read_targets())
-            running = gauge_stats(
-                store.read_points(from_ts=window[0], to_ts=window[1]),
-                dims,
-                signal=Signal.REQUESTS_RUNNING,
-                range_s=MINUTE_S,
-                window_ends_s=minute_ends_s(*window),
-                scope=Scope.REPLICA,
-            ).select(
-                "replica",
-                minute_ts=pl.from_epoch(
-                    ((pl.col("window_end_s") - MINUTE_S) * 1e6).cast(pl.Int64), time_unit="us"
-                ),
-                load=pl.col("mean"),
+            running = frames["scheduler_state"].select(
+                "replica", "minute_ts", load=pl.col("running_requests")
             )
             frame = running.join(
                 minutes.select("replica", "minute_ts", latency_p95_s=pl.col(column)),
@@ -125,11 +123,9 @@ def measure(
 
     hit_ratio = None
     if window is not None:
-        dims = series_dimensions(store.read_series(), store.read_targets())
-        points = store.read_points(from_ts=window[0], to_ts=window[1])
         # The dashboards' per-minute prefix-cache frame, summed over replicas.
         minutes_frame = (
-            metric_minute_frames(points, dims, start=window[0], end=window[1])["prefix_cache"]
+            frames["prefix_cache"]
             .group_by("minute_ts")
             .agg(
                 pl.col("hits_tokens").sum().alias(HITS),
