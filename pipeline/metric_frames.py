@@ -12,7 +12,7 @@ from datetime import datetime
 import polars as pl
 
 from pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from pipeline.metric_sli import Scope, counter_deltas, gauge_stats
+from pipeline.metric_sli import Scope, counter_minutes, gauge_stats
 from pipeline.promql import histogram_quantile_frame
 from pipeline.signals import Signal
 
@@ -54,19 +54,13 @@ def metric_minute_frames(
 
     def counter(signal: Signal, name: str) -> pl.LazyFrame:
         chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
-        return (
-            counter_deltas(points, chosen.select("series_id", "replica"))
-            .group_by("replica", "minute_ts")
-            .agg(pl.col("delta").sum().alias(name))
-        )
+        return counter_minutes(points, chosen, by=["replica"], name=name)
 
     def quantiles(signal: Signal, q: float) -> pl.LazyFrame:
         buckets = dimensions.filter(
             (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
         ).select("series_id", "le")
-        summed = (
-            counter_deltas(points, buckets).group_by("minute_ts", "le").agg(pl.col("delta").sum())
-        )
+        summed = counter_minutes(points, buckets, by=["le"], name="delta")
         return histogram_quantile_frame(summed, q=q, by=["minute_ts"], count_column="delta")
 
     on = ["replica", "minute_ts"]

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from pipeline.metric_sli import counter_deltas
+from pipeline.metric_sli import counter_minutes
 from pipeline.signals import Signal
 from pipeline.tables import SLO_MINUTES_SCHEMA
 
@@ -46,11 +46,7 @@ def minute_ends_s(start: datetime, end: datetime) -> list[float]:
 
 
 def _per_minute(points: pl.LazyFrame, chosen: pl.LazyFrame, *, name: str) -> pl.LazyFrame:
-    return (
-        counter_deltas(points, chosen.select("series_id", *_GROUP))
-        .group_by("minute_ts", *_GROUP)
-        .agg(pl.col("delta").sum().alias(name))
-    )
+    return counter_minutes(points, chosen, by=_GROUP, name=name)
 
 
 def metric_slo_minutes(

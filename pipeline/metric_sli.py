@@ -191,3 +191,15 @@ def counter_deltas(points: pl.LazyFrame, chosen: pl.LazyFrame) -> pl.LazyFrame:
         .filter(pl.col("delta").is_not_null())
         .with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
     )
+
+
+def counter_minutes(
+    points: pl.LazyFrame, chosen: pl.LazyFrame, *, by: Sequence[str], name: str
+) -> pl.LazyFrame:
+    """`counter_deltas` of the chosen series summed per minute and `by` columns (which
+    `chosen` carries beside `series_id`), in column `name`."""
+    return (
+        counter_deltas(points, chosen.select("series_id", *by))
+        .group_by("minute_ts", *by)
+        .agg(pl.col("delta").sum().alias(name))
+    )
