@@ -91,6 +91,11 @@ class SelfMetrics:
         )
 
 
+def _slo_specs(config: Config) -> tuple[SloSpec, ...]:
+    """The SLOs the configuration names; none when it names no SLO files."""
+    return load_specs(list(config.slo.files))[0] if config.slo.files else ()
+
+
 class CountingSink:
     """The receiver's sink: counts what arrives, then hands it to the store writer."""
 
@@ -115,7 +120,7 @@ class Service:
     def __init__(self, config_path: Path, *, store_path: Path | None = None) -> None:
         self.config_path = config_path
         config = load_config(config_path)
-        specs = load_specs(list(config.slo.files))[0] if config.slo.files else ()
+        specs = _slo_specs(config)
         self.state = ServiceState(config=config, specs=specs)
         self.metrics = SelfMetrics()
         self.store = Store.open(store_path or config.store_path)
@@ -184,7 +189,7 @@ class Service:
     def reload_config(self) -> None:
         try:
             config = load_config(self.config_path)
-            specs = load_specs(list(config.slo.files))[0] if config.slo.files else ()
+            specs = _slo_specs(config)
         except (ConfigError, ValueError) as exc:
             self.metrics.config_errors.inc()
             # A bad file is an expected event here, not a crash: one line, no traceback.
