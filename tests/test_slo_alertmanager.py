@@ -5,7 +5,6 @@ webhook receiver once per state change."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -26,7 +25,7 @@ from slo.alertmanager import AlertmanagerNotifier, WebhookNotifier
 from slo.notification import NotificationError, webhook_message
 from slo.spec import AvailabilitySli, SloSpec
 from slo.windows import BurnWindow, Severity
-from tests.conftest import require_program
+from tests.conftest import free_port, require_program
 
 AT = datetime(2026, 11, 18, 12, 0)
 KEY = AlertKey("chat", Severity.PAGE, 3600, 300)
@@ -157,13 +156,6 @@ def test_webhook_failures_name_each_change() -> None:
 class Alertmanager:
     url: str
     received: list[dict[str, Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def poll(check: Any, *, deadline_s: float, what: str) -> Any:
