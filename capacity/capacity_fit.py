@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 import polars as pl
 
@@ -36,6 +37,49 @@ LATENCY = "latency_s"
 class LoadUnit(Enum):
     REQ_PER_S = "req/s"
     RUNNING_BATCH = "running requests"
+
+
+class KneeFit(Protocol):
+    """What the risk analysis and the record read of any capacity fit: where the knee lies, its
+    interval, and the load the data covered (this module's line fit, or a pool's capacity)."""
+
+    @property
+    def load_unit(self) -> LoadUnit: ...
+
+    @property
+    def knee_load(self) -> float: ...
+
+    @property
+    def knee_low_load(self) -> float: ...
+
+    @property
+    def knee_high_load(self) -> float: ...
+
+    @property
+    def load_min(self) -> float: ...
+
+    @property
+    def load_max(self) -> float: ...
+
+    @property
+    def confidence_ratio(self) -> float: ...
+
+    @property
+    def points(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def data(self) -> str: ...
+
+    @property
+    def extrapolated(self) -> bool: ...
+
+    @property
+    def extrapolation_ratio(self) -> float: ...
+
+    def summary(self) -> str: ...
 
 
 @dataclass(frozen=True)

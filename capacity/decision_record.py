@@ -16,11 +16,13 @@ from datetime import datetime
 from typing import Any
 
 from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import CapacityFit
+from capacity.capacity_fit import CapacityFit, KneeFit
 from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
 from capacity.fleet_size import FleetSize
+from capacity.latency_model import LatencyModel
 from capacity.placement import NO_LAYOUT, FailureUnit, Layout
+from capacity.pool_capacity import PoolCapacity
 from capacity.requirement import Requirement, figures
 from capacity.risk import RiskAssessment
 
@@ -33,10 +35,11 @@ class DecisionRecord:
     created_at: datetime
     fleet: FleetSize
     risk: RiskAssessment
-    capacity_fit: CapacityFit | None = None
+    capacity_fit: KneeFit | None = None
     hit_ratio: HitRatioSpread | None = None
     layout: Layout = NO_LAYOUT
     notes: tuple[str, ...] = ()
+    pools: tuple[PoolCapacity, ...] = ()
 
     @property
     def recommended(self) -> FailureRow | None:
@@ -150,6 +153,7 @@ class DecisionRecord:
             ],
             "notes": list(self.notes),
             "capacity_fit": None if self.capacity_fit is None else _fit_json(self.capacity_fit),
+            "capacity_by_pool": [_pool_json(pool) for pool in self.pools],
             "cache_hit_ratio": None if self.hit_ratio is None else _hit_json(self.hit_ratio),
             "chain": [_step_json(step) for step in fleet.chain.steps],
             "failure_table": {
@@ -217,13 +221,10 @@ def _row_json(row: FailureRow) -> dict[str, Any]:
     }
 
 
-def _fit_json(fit: CapacityFit) -> dict[str, Any]:
-    return {
+def _fit_json(fit: KneeFit) -> dict[str, Any]:
+    common = {
         "summary": fit.summary(),
         "load_unit": fit.load_unit.value,
-        "latency_limit_s": fit.latency_limit_s,
-        "intercept_s": fit.intercept_s,
-        "slope_s_per_load": fit.slope_s_per_load,
         "knee_load": _num(fit.knee_load),
         "knee_low_load": _num(fit.knee_low_load),
         "knee_high_load": _num(fit.knee_high_load),
@@ -235,6 +236,70 @@ def _fit_json(fit: CapacityFit) -> dict[str, Any]:
         "extrapolated": fit.extrapolated,
         "extrapolation_ratio": _num(fit.extrapolation_ratio),
         "data": fit.data,
+    }
+    if isinstance(fit, CapacityFit):
+        return {
+            **common,
+            "method": "latency line",
+            "latency_limit_s": fit.latency_limit_s,
+            "intercept_s": fit.intercept_s,
+            "slope_s_per_load": fit.slope_s_per_load,
+        }
+    if isinstance(fit, PoolCapacity):
+        return {**common, "method": fit.method.value, "pool": fit.pool}
+    return common
+
+
+def _pool_json(pool: PoolCapacity) -> dict[str, Any]:
+    fit = pool.attainment
+    return {
+        "pool": pool.pool,
+        "method": pool.method.value,
+        "extrapolated": pool.extrapolated,
+        "capacity_rps_per_replica": _num(pool.knee_load),
+        "capacity_low_rps": _num(pool.knee_low_load),
+        "capacity_high_rps": _num(pool.knee_high_load),
+        "decode_tokens_per_s_per_replica": _num(pool.decode_tokens_per_s(pool.knee_load)),
+        "prefill_tokens_per_s_per_replica": _num(pool.prefill_tokens_per_s(pool.knee_load)),
+        "confidence_ratio": pool.confidence_ratio,
+        "slo": fit.spec.slo_text(),
+        "load_min_rps": fit.load_min,
+        "load_max_rps": fit.load_max,
+        "minutes": fit.points,
+        "replicas": fit.replicas,
+        "requests": fit.requests,
+        "attainment_ratio": fit.attainment_ratio,
+        "summary": pool.summary(),
+        "by_replica": [
+            {
+                "replica": replica.group.removeprefix("replica "),
+                "capacity_rps": _num(replica.knee_load),
+                "capacity_low_rps": _num(replica.knee_low_load),
+                "capacity_high_rps": _num(replica.knee_high_load),
+                "extrapolated": replica.extrapolated,
+                "load_max_rps": replica.load_max,
+                "minutes": replica.points,
+            }
+            for replica in pool.replica_fits
+        ],
+        "latency_models": [_model_json(m) for m in (pool.ttft_model, pool.tpot_model) if m],
+    }
+
+
+def _model_json(model: LatencyModel) -> dict[str, Any]:
+    return {
+        "latency": model.kind.value,
+        "quantile": model.quantile,
+        "limit_s": model.limit_s,
+        "formula": model.formula(),
+        "coefficients": list(model.coefficients),
+        "regressors": list(model.regressors),
+        "knee_rps": _num(model.knee_rps),
+        "knee_low_rps": _num(model.knee_low_rps),
+        "knee_high_rps": _num(model.knee_high_rps),
+        "extrapolated": model.extrapolated,
+        "points": model.points,
+        "summary": model.summary(),
     }
 
 
@@ -332,6 +397,46 @@ def _recommendation_lines(record: DecisionRecord) -> list[str]:
     return lines
 
 
+def _pool_lines(record: DecisionRecord) -> list[str]:
+    if not record.pools:
+        return []
+    lines = [
+        "",
+        "## Measured capacity per replica",
+        "",
+        (
+            "| pool / replica | method | req/s at the SLO | interval | decode tokens/s "
+            "| highest load observed | extrapolated |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pool in record.pools:
+        lines.append(
+            f"| {pool.pool} | {pool.method.value} | {fmt(pool.knee_load)} "
+            f"| {_span(pool.knee_low_load, pool.knee_high_load)} "
+            f"| {fmt(pool.decode_tokens_per_s(pool.knee_load))} | {fmt(pool.load_max)} "
+            f"| {'yes' if pool.extrapolated else 'no'} |"
+        )
+        lines += [
+            f"| {pool.pool} / {fit.group.removeprefix('replica ')} | attainment crossing "
+            f"| {fmt(fit.knee_load)} | {_span(fit.knee_low_load, fit.knee_high_load)} "
+            f"| {fmt(pool.decode_tokens_per_s(fit.knee_load))} | {fmt(fit.load_max)} "
+            f"| {'yes' if fit.extrapolated else 'no'} |"
+            for fit in pool.replica_fits
+        ]
+    lines.append("")
+    for pool in record.pools:
+        lines.append(f"- {pool.summary()}")
+        lines += [
+            f"- pool {pool.pool}: {m.summary()}" for m in (pool.ttft_model, pool.tpot_model) if m
+        ]
+    return lines
+
+
+def _span(low: float, high: float) -> str:
+    return f"{fmt(low)} to {fmt(high)}"
+
+
 def _chain_lines(record: DecisionRecord) -> list[str]:
     lines = ["", "## Sizing chain", "", "| step | value | source |", "|---|---|---|"]
     lines += [
@@ -421,6 +526,7 @@ def _markdown_lines(record: DecisionRecord) -> list[str]:
     return [
         *_requirement_lines(record),
         *_recommendation_lines(record),
+        *_pool_lines(record),
         *_chain_lines(record),
         *_table_lines(record),
         *_risk_lines(record),

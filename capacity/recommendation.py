@@ -1,47 +1,80 @@
 """Recommendation: a requirement and what the fleet showed, turned into a decision record.
 
 Measurements replace stated assumptions where they exist, and the record says so: a capacity fit
-replaces the stated per-replica capacity (its interval becomes the range; an extrapolated knee's
-range reaches down to the highest observed load), and the observed cache hit ratio replaces the
-stated one (p10-p90 becomes the range; when it is unstable the range reaches down to the ratio
-with router affinity lost, since that is what a restart or a rollout does to it). Then the fleet
-is sized, the risk assessed with the same sizing, and the record assembled.
+(a pool's attainment knee, or a latency line) replaces the stated per-replica capacity (its
+interval becomes the range; an extrapolated knee's range reaches down to the highest observed
+load, and a fit that bounds no capacity leaves the stated one with that load as its low end),
+and the observed cache hit ratio replaces the stated one (p10-p90 becomes the range; when it is
+unstable the range reaches down to the ratio with router affinity lost, since that is what a
+restart or a rollout does to it). Then the fleet is sized, the risk assessed with the same
+sizing, and the record assembled.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from functools import partial
 
 from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import CapacityFit, LoadUnit, capacity_figure
+from capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figure
 from capacity.decision_record import DecisionRecord
 from capacity.demand import TokenDemand
 from capacity.figure import fmt
 from capacity.fleet_size import size_fleet
 from capacity.placement import NO_LAYOUT, Layout
+from capacity.pool_capacity import PoolCapacity, pool_capacity_figure
 from capacity.requirement import Requirement, RequirementError, figures, replace_figure
 from capacity.risk import assess_risk, capacity_path
 from capacity.sizing import RateCapacity
 
 
-def with_measured_capacity(requirement: Requirement, fit: CapacityFit) -> tuple[Requirement, str]:
+def with_measured_capacity(requirement: Requirement, fit: KneeFit) -> tuple[Requirement, str]:
     """The requirement with its per-replica capacity replaced by the fit, and a note saying so."""
     rate_form = isinstance(requirement.replica, RateCapacity)
-    wanted = LoadUnit.REQ_PER_S if rate_form else LoadUnit.RUNNING_BATCH
-    if fit.load_unit is not wanted:
-        raise RequirementError(
-            f"{requirement.source}: {capacity_path(requirement)}: a capacity fit over load "
-            f"in {fit.load_unit.value} cannot replace it; fit over load in {wanted.value}"
-        )
     path = capacity_path(requirement)
     stated = figures(requirement)[path]
-    try:
-        measured = capacity_figure(fit)
-    except ValueError as exc:
-        return requirement, f"{path}: kept the stated {stated.text()}: {exc}"
+    if isinstance(fit, PoolCapacity):
+        try:
+            measured = pool_capacity_figure(fit, rate_form=rate_form)
+        except ValueError as exc:
+            return _unbounded(requirement, path, fit, rate_form=rate_form, why=str(exc))
+    elif isinstance(fit, CapacityFit):
+        wanted = LoadUnit.REQ_PER_S if rate_form else LoadUnit.RUNNING_BATCH
+        if fit.load_unit is not wanted:
+            raise RequirementError(
+                f"{requirement.source}: {path}: a capacity fit over load "
+                f"in {fit.load_unit.value} cannot replace it; fit over load in {wanted.value}"
+            )
+        try:
+            measured = capacity_figure(fit)
+        except ValueError as exc:
+            return requirement, f"{path}: kept the stated {stated.text()}: {exc}"
+    else:
+        raise TypeError(f"no capacity figure for a {type(fit).__name__}")
     note = f"{path}: measured {measured.text()} replaces the stated {stated.text()}"
     return replace_figure(requirement, path, measured), note
+
+
+def _unbounded(
+    requirement: Requirement, path: str, fit: PoolCapacity, *, rate_form: bool, why: str
+) -> tuple[Requirement, str]:
+    """Keep the stated capacity, but only the highest observed load is shown to meet the SLO,
+    so that load becomes the low end of its range."""
+    stated = figures(requirement)[path]
+    scale = 60.0 if rate_form else fit.attainment.completion_tokens_per_request
+    shown = fit.load_max * scale
+    if not (math.isinf(fit.knee_load) and fit.load_max > 0 and shown < stated.value):
+        return requirement, f"{path}: kept the stated {stated.text()}: {why}"
+    low = min(shown, stated.low if stated.low is not None else stated.value)
+    high = stated.high if stated.high is not None else stated.value
+    kept = stated.with_range(
+        low,
+        high,
+        why=f"low end {fmt(shown)} {stated.unit}, the highest load observed meeting the SLO",
+    )
+    note = f"{path}: kept the stated {stated.text()} (range low end lowered to {fmt(shown)}): {why}"
+    return replace_figure(requirement, path, kept), note
 
 
 def with_measured_hit_ratio(
@@ -72,9 +105,10 @@ def recommend(
     requirement: Requirement,
     *,
     now: datetime,
-    fit: CapacityFit | None = None,
+    fit: KneeFit | None = None,
     hit_ratio: HitRatioSpread | None = None,
     layout: Layout = NO_LAYOUT,
+    pools: tuple[PoolCapacity, ...] = (),
 ) -> DecisionRecord:
     """Size the fleet for `requirement`, with measurements where given, and record why."""
     notes: list[str] = []
@@ -100,4 +134,5 @@ def recommend(
         hit_ratio=hit_ratio,
         layout=layout,
         notes=tuple(notes),
+        pools=pools,
     )

@@ -37,10 +37,19 @@ class RequirementError(ValueError):
 
 @dataclass(frozen=True)
 class SloTarget:
-    """The latency limit a capacity fit solves for (the knee is where the fit meets it)."""
+    """What a capacity fit solves for. With TTFT and/or TPOT limits, capacity is the load at which
+    `target_ratio` of requests meet all of them (the attainment knee, the ground truth's sense);
+    with only `latency_limit_s`, it is where a p95 latency line meets that limit."""
 
     latency_limit_s: float | None
     latency: str
+    ttft_limit_s: float | None = None
+    tpot_limit_s: float | None = None
+    target_ratio: float = 0.9
+
+    @property
+    def attainment(self) -> bool:
+        return self.ttft_limit_s is not None or self.tpot_limit_s is not None
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Requirement:
     cost: CostSpec
     risk: RiskSettings
     slo: SloTarget
+    pool: str | None = None  # whose measured capacity replaces the stated one
 
 
 def default_recovery_interval() -> Figure:
@@ -363,6 +373,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
 
     replica_section = root.table("replica")
     replica = _replica(replica_section)
+    pool = replica_section.text("pool", "") or None
     replica_section.done()
 
     placement_section = root.table("placement")
@@ -421,12 +432,29 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     risk_section.done()
 
     slo_section = root.table("slo")
-    limit = slo_section.get("latency_limit_s")
+
+    def optional_limit(key: str) -> float | None:
+        value = slo_section.get(key)
+        return None if value is None else slo_section.number(key, value, POSITIVE)
+
+    limit = optional_limit("latency_limit_s")
+    ttft_limit, tpot_limit = optional_limit("ttft_limit_s"), optional_limit("tpot_limit_s")
+    target = slo_section.get("target_ratio")
+    target_ratio = 0.9 if target is None else slo_section.number("target_ratio", target, OPEN_RATIO)
+    default_latency = "p95 latency"
+    if ttft_limit is not None or tpot_limit is not None:
+        named = [
+            f"{what} <= {value:g} s"
+            for what, value in (("TTFT", ttft_limit), ("TPOT", tpot_limit))
+            if value is not None
+        ]
+        default_latency = f"{target_ratio:.0%} of requests with {' and '.join(named)}"
     slo = SloTarget(
-        latency_limit_s=None
-        if limit is None
-        else slo_section.number("latency_limit_s", limit, POSITIVE),
-        latency=slo_section.text("latency", "p95 latency"),
+        latency_limit_s=limit,
+        latency=slo_section.text("latency", default_latency),
+        ttft_limit_s=ttft_limit,
+        tpot_limit_s=tpot_limit,
+        target_ratio=target_ratio,
     )
     slo_section.done()
     root.done()
@@ -442,6 +470,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         cost=cost,
         risk=risk,
         slo=slo,
+        pool=pool,
     )
 
 

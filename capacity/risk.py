@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Protocol
 
 from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import CapacityFit
+from capacity.capacity_fit import KneeFit
 from capacity.demand import TokenDemand, affinity_loss_prefill
 from capacity.figure import Figure, fmt
 from capacity.fleet_size import FleetSize
@@ -165,7 +165,7 @@ def structural_flags(
     requirement: Requirement,
     fleet: FleetSize,
     *,
-    fit: CapacityFit | None,
+    fit: KneeFit | None,
     hit_ratio: HitRatioSpread | None,
     layout: Layout,
 ) -> tuple[RiskFlag, ...]:
@@ -173,9 +173,9 @@ def structural_flags(
     if fit is not None and fit.extrapolated:
         if math.isinf(fit.knee_load):
             message = (
-                f"latency did not rise with load up to {fmt(fit.load_max)} "
-                f"{fit.load_unit.value}, so the data bounds no capacity: the stated capacity "
-                "stands unmeasured"
+                f"the fit located no knee up to {fmt(fit.load_max)} {fit.load_unit.value} "
+                "(extrapolated without bound), so the data bounds no capacity: the stated "
+                "capacity stands unmeasured"
             )
         else:
             message = (
@@ -263,7 +263,7 @@ def _startup_flag(requirement: Requirement) -> RiskFlag | None:
     return RiskFlag(FlagKind.STARTUP_DEPENDENCY, "recovery.replacement_startup_s", "; ".join(parts))
 
 
-def _plan_for(requirement: Requirement, path: str, threshold: str, fit: CapacityFit | None) -> str:
+def _plan_for(requirement: Requirement, path: str, threshold: str, fit: KneeFit | None) -> str:
     leaf = path.rsplit(".", 1)[-1]
     plans: dict[str, Callable[[], str]] = {
         "cache_hit_ratio": lambda: (
@@ -287,7 +287,7 @@ def _plan_for(requirement: Requirement, path: str, threshold: str, fit: Capacity
     return plans.get(leaf, lambda: default)()
 
 
-def _capacity_plan(requirement: Requirement, threshold: str, fit: CapacityFit | None) -> str:
+def _capacity_plan(requirement: Requirement, threshold: str, fit: KneeFit | None) -> str:
     observed = ""
     if fit is not None and fit.extrapolated:
         observed = (
@@ -337,7 +337,7 @@ def assess_risk(
     fleet: FleetSize,
     *,
     sizer: FleetSizer,
-    fit: CapacityFit | None = None,
+    fit: KneeFit | None = None,
     hit_ratio: HitRatioSpread | None = None,
     layout: Layout = NO_LAYOUT,
 ) -> RiskAssessment:

@@ -665,8 +665,10 @@ def recommend(
     as_json: JsonOption = False,
 ) -> None:
     """The fleet size for the requirement, from what the fleet did: per-replica capacity refit
-    from the store (with its bootstrap interval), the failure table for where replicas actually
-    sit, the cost of the reserve, and the riskiest assumption with a plan to measure it."""
+    from the store per pool (SLO attainment against load, with its bootstrap interval; marked
+    extrapolated when the knee lies beyond the load seen), the failure table for where replicas
+    actually sit, the cost of the reserve, and the riskiest assumption with a plan to measure
+    it."""
     try:
         spec = load_requirement(requirement)
     except RequirementError as exc:

@@ -1,8 +1,10 @@
 """`servewatch recommend`: the capacity recommendation fed by what the fleet did.
 
-Reads from the store what the capacity package needs: per replica and minute the load and the
-p95 latency the requirement's SLO names (for the capacity fit), the fleet's prefix-cache hit
-ratio per minute (for its spread), and where replicas sit (targets: replica, host, zone).
+Reads from the store what the capacity package needs: the traced requests (each pool's SLO
+attainment against load, when the requirement's SLO states TTFT or TPOT limits) or per replica
+and minute the load and the p95 latency the SLO names (the line fit, when it states only a
+latency limit); the scraped running batch and prefix-cache counters per minute (the latency
+models, and the hit ratio's spread); and where replicas sit (targets: replica, host, zone).
 Whatever is missing is left to the requirement's stated figures, and the record says so.
 """
 
@@ -13,10 +15,12 @@ from datetime import UTC, datetime
 
 import polars as pl
 
+from capacity.attainment_fit import AttainmentSpec
 from capacity.cache_hit_rate import HITS, QUERIES, HitRatioSpread, observe_hit_ratio
-from capacity.capacity_fit import CapacityFit, FitSpec, LoadUnit, fit_capacity
+from capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
 from capacity.decision_record import DecisionRecord
 from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
+from capacity.pool_capacity import PoolCapacity, pool_capacities
 from capacity.recommendation import recommend
 from capacity.requirement import Requirement
 from capacity.sizing import RateCapacity
@@ -27,14 +31,46 @@ from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.store import Store
 
 FIT_SEED = 20261129
+HIT_RATIO_WINDOWS = 6  # at least this many windows for the hit ratio's spread, up to hourly
+HIT_RATIO_LONGEST_MIN = 60
 
 
 @dataclass(frozen=True)
 class Measurements:
-    fit: CapacityFit | None
+    fit: KneeFit | None
     hit_ratio: HitRatioSpread | None
     layout: Layout
     notes: tuple[str, ...]
+    pools: tuple[PoolCapacity, ...] = ()
+
+
+def hit_ratio_every(window: tuple[datetime, datetime]) -> str:
+    """Hourly windows, or shorter ones (whole minutes) when the data spans too few hours to
+    show a spread."""
+    span_min = (window[1] - window[0]).total_seconds() / 60.0
+    minutes = max(1, min(HIT_RATIO_LONGEST_MIN, int(span_min // HIT_RATIO_WINDOWS)))
+    return "1h" if minutes == HIT_RATIO_LONGEST_MIN else f"{minutes}m"
+
+
+def _chosen_pool(
+    pools: tuple[PoolCapacity, ...], wanted: str | None
+) -> tuple[PoolCapacity | None, str | None]:
+    """The pool whose capacity replaces the stated one, and a note when the choice was made."""
+    if not pools:
+        return None, None
+    if wanted is not None:
+        named = [p for p in pools if p.pool == wanted]
+        if not named:
+            seen = ", ".join(p.pool for p in pools)
+            return None, f"replica.pool {wanted!r} was not observed (pools seen: {seen})"
+        return named[0], None
+    if len(pools) == 1:
+        return pools[0], None
+    lowest = min(pools, key=lambda p: p.knee_load)
+    return lowest, (
+        f"{len(pools)} pools observed and replica.pool not stated: sized on pool "
+        f"{lowest.pool!r}, the lowest capacity per replica"
+    )
 
 
 def _latency_column(requirement: Requirement) -> str:
@@ -74,7 +110,7 @@ def measure(
     else:
         notes.append("no scrape targets with replica and host: placement taken as stated")
 
-    fit = None
+    fit: KneeFit | None = None
     limit = requirement.slo.latency_limit_s
     window = _window(store, from_ts, to_ts)
     # One read of the scraped series serves the running-batch load and the hit ratio.
@@ -88,10 +124,33 @@ def measure(
             end=window[1],
         )
     )
-    if limit is None:
-        notes.append("the requirement states no slo.latency_limit_s: capacity taken as stated")
-    elif window is None:
+    pools: tuple[PoolCapacity, ...] = ()
+    slo = requirement.slo
+    if window is None:
         notes.append("no traced request minutes in the window: capacity taken as stated")
+    elif slo.attainment:
+        spec = AttainmentSpec(
+            ttft_limit_s=slo.ttft_limit_s,
+            tpot_limit_s=slo.tpot_limit_s,
+            target_ratio=slo.target_ratio,
+            seed=FIT_SEED,
+        )
+        pools, pool_notes = pool_capacities(
+            store.read_requests(from_ts=window[0], to_ts=window[1]),
+            spec=spec,
+            data=f"traced requests, {window[0]:%Y-%m-%d %H:%M} to {window[1]:%Y-%m-%d %H:%M} UTC",
+            running=frames.get("scheduler_state"),
+            prefix=frames.get("prefix_cache"),
+        )
+        notes.extend(pool_notes)
+        fit, pool_note = _chosen_pool(pools, requirement.pool)
+        if pool_note is not None:
+            notes.append(pool_note)
+    elif limit is None:
+        notes.append(
+            "the requirement states no slo.ttft_limit_s, slo.tpot_limit_s or "
+            "slo.latency_limit_s: capacity taken as stated"
+        )
     else:
         column = _latency_column(requirement)
         minutes = store.read_request_minutes(from_ts=window[0], to_ts=window[1]).filter(
@@ -132,13 +191,16 @@ def measure(
                 pl.col("queries_tokens").sum().alias(QUERIES),
             )
         )
+        every = hit_ratio_every(window)
         try:
             hit_ratio = observe_hit_ratio(
-                minutes_frame, every="1h", data="fleet prefix cache, hourly"
+                minutes_frame, every=every, data=f"fleet prefix cache, per {every}"
             )
         except ValueError as exc:
             notes.append(f"cache hit ratio spread not usable: {exc}")
-    return Measurements(fit=fit, hit_ratio=hit_ratio, layout=layout, notes=tuple(notes))
+    return Measurements(
+        fit=fit, hit_ratio=hit_ratio, layout=layout, notes=tuple(notes), pools=pools
+    )
 
 
 def recommend_from_store(
@@ -156,5 +218,6 @@ def recommend_from_store(
         fit=measured.fit,
         hit_ratio=measured.hit_ratio,
         layout=measured.layout,
+        pools=measured.pools,
     )
     return record, measured

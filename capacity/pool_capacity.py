@@ -1,0 +1,307 @@
+"""Pool capacity: one replica's capacity at the SLO in each pool, measured from what it served.
+
+Replicas of one pool share a model and a GPU shape, so their capacity is one number; pools differ,
+and are fitted apart. Per pool: the attainment knee over the pool's minutes (attainment_fit.py),
+the same knee per replica (a slow or misrouted replica shows as an outlier), and the TTFT and
+TPOT latency models (latency_model.py).
+
+The estimate is the attainment knee when attainment was seen to cross the target; otherwise the
+knee lies beyond the highest load observed and the estimate is the lower of the two latency
+models' knees (never below the highest observed load, where attainment still held), marked
+extrapolated. With neither model usable it is unbounded: the data bounds no capacity.
+
+Capacity is in req/s per replica; in tokens/s it is that rate times the tokens per request the
+pool served (decode tokens from completions, prefill tokens from prompts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import polars as pl
+
+from capacity.attainment_fit import (
+    AttainmentFit,
+    AttainmentSpec,
+    complete_minutes,
+    fit_attainment,
+    minute_loads,
+    request_outcomes,
+)
+from capacity.capacity_fit import LoadUnit
+from capacity.figure import Figure, fmt, measured
+from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
+
+NO_POOL = "(no pool)"
+
+
+class CapacityMethod(Enum):
+    ATTAINMENT = "attainment crossing"
+    LATENCY_MODEL = "latency model extrapolation"
+    UNBOUNDED = "no knee located"
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """One pool's measured capacity per replica; reads as a knee fit (capacity_fit.KneeFit)."""
+
+    pool: str
+    attainment: AttainmentFit
+    replica_fits: tuple[AttainmentFit, ...]
+    ttft_model: LatencyModel | None
+    tpot_model: LatencyModel | None
+
+    @property
+    def binding_model(self) -> LatencyModel | None:
+        models = [m for m in (self.ttft_model, self.tpot_model) if m is not None]
+        return min(models, key=lambda m: m.knee_rps) if models else None
+
+    @property
+    def method(self) -> CapacityMethod:
+        if self.attainment.observed:
+            return CapacityMethod.ATTAINMENT
+        model = self.binding_model
+        if model is None or math.isinf(model.knee_rps):
+            return CapacityMethod.UNBOUNDED
+        return CapacityMethod.LATENCY_MODEL
+
+    def _ends(self) -> tuple[float, float, float]:
+        fit, floor = self.attainment, self.attainment.load_max
+        match self.method:
+            case CapacityMethod.ATTAINMENT:
+                return fit.knee_load, fit.knee_low_load, fit.knee_high_load
+            case CapacityMethod.LATENCY_MODEL:
+                model = self.binding_model
+                assert model is not None  # the method says a model binds
+                knee = max(model.knee_rps, floor)
+                return knee, max(model.knee_low_rps, floor), max(model.knee_high_rps, knee)
+            case CapacityMethod.UNBOUNDED:
+                return math.inf, floor, math.inf
+
+    @property
+    def knee_load(self) -> float:
+        return self._ends()[0]
+
+    @property
+    def knee_low_load(self) -> float:
+        return self._ends()[1]
+
+    @property
+    def knee_high_load(self) -> float:
+        return self._ends()[2]
+
+    @property
+    def load_unit(self) -> LoadUnit:
+        return LoadUnit.REQ_PER_S
+
+    @property
+    def load_min(self) -> float:
+        return self.attainment.load_min
+
+    @property
+    def load_max(self) -> float:
+        return self.attainment.load_max
+
+    @property
+    def confidence_ratio(self) -> float:
+        return self.attainment.confidence_ratio
+
+    @property
+    def points(self) -> int:
+        return self.attainment.points
+
+    @property
+    def replicas(self) -> int:
+        return self.attainment.replicas
+
+    @property
+    def data(self) -> str:
+        return self.attainment.data
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.method is not CapacityMethod.ATTAINMENT
+
+    @property
+    def extrapolation_ratio(self) -> float:
+        return self.knee_load / self.load_max if self.load_max > 0 else math.inf
+
+    def decode_tokens_per_s(self, rps: float) -> float:
+        return rps * self.attainment.completion_tokens_per_request
+
+    def prefill_tokens_per_s(self, rps: float) -> float:
+        return rps * self.attainment.prompt_tokens_per_request
+
+    def summary(self) -> str:
+        head = f"pool {self.pool}, {self.method.value}"
+        match self.method:
+            case CapacityMethod.ATTAINMENT:
+                return f"{head}: {self.attainment.summary()}"
+            case CapacityMethod.LATENCY_MODEL:
+                model = self.binding_model
+                assert model is not None
+                return (
+                    f"{head}: {self.attainment.summary()}; the {model.kind.value} model "
+                    f"({model.summary()}) puts it at {fmt(self.knee_load)} req/s, "
+                    f"extrapolated {self.extrapolation_ratio:.1f}x the highest observed load"
+                )
+            case CapacityMethod.UNBOUNDED:
+                return (
+                    f"{head}: {self.attainment.summary()}; no latency model meets its limit, so "
+                    "the data bounds no capacity (extrapolated)"
+                )
+
+
+def pool_capacity_figure(capacity: PoolCapacity, *, rate_form: bool) -> Figure:
+    """One replica's capacity as req/min (`rate_form`) or decode tokens/s, ranged over the
+    interval; an extrapolated knee's low end is the highest observed load."""
+    if math.isinf(capacity.knee_load):
+        raise ValueError(
+            f"capacity of pool {capacity.pool} ({capacity.data}): attainment held up to "
+            f"{fmt(capacity.load_max)} req/s and no latency model meets its limit, so the data "
+            "bounds no capacity"
+        )
+    if not capacity.knee_load > 0:
+        raise ValueError(
+            f"capacity of pool {capacity.pool} ({capacity.data}): attainment is below "
+            f"{capacity.attainment.spec.target_ratio:.0%} at every observed load, so no load "
+            "meets the SLO by this fit"
+        )
+    if rate_form:
+        scale, unit, how = 60.0, "req/min", "knee req/s x 60 s"
+    else:
+        scale = capacity.attainment.completion_tokens_per_request
+        unit = "tokens/s"
+        how = f"knee req/s x {fmt(scale)} completion tokens per request"
+    low, high = capacity.knee_low_load * scale, capacity.knee_high_load * scale
+    why = f"{capacity.confidence_ratio:.0%} bootstrap interval over minutes"
+    if capacity.extrapolated:
+        low = min(low, capacity.load_max * scale)
+        why += (
+            f", low end the highest observed load ({fmt(capacity.load_max)} req/s) because the "
+            f"knee is extrapolated {capacity.extrapolation_ratio:.1f}x beyond it"
+        )
+    return measured(
+        capacity.knee_load * scale,
+        unit,
+        f"capacity at the SLO, {how}: {capacity.summary()}; range {why}",
+        low=low,
+        high=high,
+    )
+
+
+def _pool_column(requests: pl.LazyFrame) -> pl.LazyFrame:
+    return requests.with_columns(pl.col("pool").fill_null(NO_POOL))
+
+
+def model_minutes(
+    outcomes: pl.LazyFrame,
+    *,
+    quantile: float,
+    running: pl.LazyFrame | None,
+    prefix: pl.LazyFrame | None,
+) -> pl.LazyFrame:
+    """Per replica-minute: load, latency quantiles, `running_batch` (scraped running requests)
+    and `uncached_tokens` per request (scraped prefix-cache queries minus hits, or the traced
+    prompt tokens when no cache counters were scraped)."""
+    frame = outcomes.pipe(latency_minutes, quantile=quantile)
+    on = ["replica", "minute_ts"]
+    if running is not None:
+        frame = frame.join(
+            running.select(*on, running_batch=pl.col("running_requests")), on=on, how="left"
+        )
+    else:
+        frame = frame.with_columns(running_batch=pl.lit(None, dtype=pl.Float64))
+    if prefix is not None:
+        frame = frame.join(
+            prefix.select(*on, uncached=pl.col("queries_tokens") - pl.col("hits_tokens")),
+            on=on,
+            how="left",
+        ).with_columns(
+            uncached_tokens=pl.coalesce(
+                pl.col("uncached") / (pl.col("load_rps") * 60.0),
+                pl.col("prompt_tokens_per_request"),
+            )
+        )
+    else:
+        frame = frame.with_columns(uncached_tokens=pl.col("prompt_tokens_per_request"))
+    return frame
+
+
+def pool_capacities(
+    requests: pl.LazyFrame,
+    *,
+    spec: AttainmentSpec,
+    data: str,
+    running: pl.LazyFrame | None = None,
+    prefix: pl.LazyFrame | None = None,
+) -> tuple[tuple[PoolCapacity, ...], tuple[str, ...]]:
+    """Each pool's capacity from traced requests (and scraped per-minute frames where given),
+    and notes on pools or models that could not be fitted."""
+    outcomes = (
+        requests.filter(pl.col("replica").is_not_null())
+        .pipe(_pool_column)
+        .pipe(request_outcomes, spec=spec)
+        .pipe(complete_minutes)
+    )
+    by_pool = outcomes.pipe(minute_loads, by=["pool"]).collect()
+    by_replica = outcomes.pipe(minute_loads, by=["pool", "replica"]).collect()
+    replica_pools = outcomes.select("replica", "pool").unique()
+    models = (
+        outcomes.pipe(model_minutes, quantile=spec.target_ratio, running=running, prefix=prefix)
+        .join(replica_pools, on="replica", how="inner")
+        .collect()
+    )
+    notes: list[str] = []
+    found: list[PoolCapacity] = []
+    for pool in sorted(by_pool.get_column("pool").unique().to_list()):
+        minutes = by_pool.filter(pl.col("pool") == pool)
+        replicas = by_replica.filter(pl.col("pool") == pool)
+        try:
+            fit = fit_attainment(minutes, spec=spec, group=f"pool {pool}", data=data)
+        except ValueError as exc:
+            notes.append(f"pool {pool}: capacity not fitted: {exc}")
+            continue
+        fit = _with_replica_count(fit, replicas.get_column("replica").n_unique())
+        replica_fits = []
+        for replica in sorted(replicas.get_column("replica").unique().to_list()):
+            try:
+                replica_fits.append(
+                    fit_attainment(
+                        replicas.filter(pl.col("replica") == replica),
+                        spec=spec,
+                        group=f"replica {replica}",
+                        data=data,
+                    )
+                )
+            except ValueError as exc:
+                notes.append(f"replica {replica}: capacity not fitted: {exc}")
+        pool_models = models.filter(pl.col("pool") == pool)
+        ttft = tpot = None
+        if spec.ttft_limit_s is not None:
+            ttft = fit_ttft(
+                pool_models,
+                limit_s=spec.ttft_limit_s,
+                quantile=spec.target_ratio,
+                seed=spec.seed,
+                resamples=spec.resamples,
+                confidence_ratio=spec.confidence_ratio,
+            )
+        if spec.tpot_limit_s is not None:
+            tpot = fit_tpot(
+                pool_models,
+                limit_s=spec.tpot_limit_s,
+                quantile=spec.target_ratio,
+                seed=spec.seed,
+                resamples=spec.resamples,
+                confidence_ratio=spec.confidence_ratio,
+            )
+        found.append(PoolCapacity(pool, fit, tuple(replica_fits), ttft, tpot))
+    return tuple(found), tuple(notes)
+
+
+def _with_replica_count(fit: AttainmentFit, replicas: int) -> AttainmentFit:
+    # Per minute the pool counts replicas that served; the fit reports every replica seen.
+    return replace(fit, replicas=replicas)

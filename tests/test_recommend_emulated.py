@@ -1,0 +1,177 @@
+"""The recommender on emulated fleets whose capacity is known (the manifest's ground truth).
+
+Each fleet is recorded, replayed into a store and sized by `recommend_from_store`, as the
+`servewatch recommend` command does: the refit must tell the truth (within 15% of the ground
+truth when the knee was observed, "extrapolated" when load stayed below half of it), and the
+riskiest assumption must follow the data (the capacity fit on a narrow load range, the hit ratio
+when the cache hit ratio swings).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from capacity.decision_record import DecisionRecord
+from capacity.requirement import Requirement, parse_requirement
+from pipeline.store import Store
+from servewatch.cli import app
+from servewatch.recommend_service import recommend_from_store
+from tests.emulated_capacity import replayed_case
+
+pytestmark = pytest.mark.slow
+
+NOW = datetime(2027, 1, 16, tzinfo=UTC)
+
+RATE_REQUIREMENT = """
+name = "emulated-rate"
+failure_unit = "replica"
+[slo]
+ttft_limit_s = 1.0
+tpot_limit_s = 0.1
+target_ratio = 0.9
+[demand]
+req_per_min = { value = 600, low = 540, high = 660, basis = "peak forecast" }
+[replica]
+capacity_req_per_min = 200
+[placement]
+replicas_per_host = 1
+zones = ["zone-a", "zone-b", "zone-c"]
+"""
+
+TOKEN_REQUIREMENT = """
+name = "emulated-chat"
+failure_unit = "replica"
+[slo]
+ttft_limit_s = 1.0
+tpot_limit_s = 0.1
+target_ratio = 0.9
+[demand]
+concurrent_users = 400
+answer_tokens = 180
+tpot_s = 0.05
+think_and_read_s = 15
+prompt_tokens = 1200
+cache_hit_ratio = 0.5
+[replica]
+decode_tokens_per_s = 300
+prefill_tokens_per_s = 5000
+prefill_share_ratio = 0.3
+[placement]
+replicas_per_host = 1
+zones = ["zone-a", "zone-b", "zone-c"]
+"""
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("emulated-capacity")
+    return {case: replayed_case(case, root) for case in ("knee", "low", "unstable_cache")}
+
+
+def requirement(text: str) -> Requirement:
+    return parse_requirement(tomllib.loads(text), where="req.toml")
+
+
+def recommended(db: Path, text: str) -> DecisionRecord:
+    with Store.open(db) as store:
+        record, _ = recommend_from_store(store, requirement=requirement(text), now=NOW)
+    return record
+
+
+def truth_rps(manifest: dict[str, Any]) -> float:
+    return float(manifest["ground_truth"]["capacity_rps_per_replica"])
+
+
+def test_the_refit_is_within_15_percent_of_the_truth_when_the_knee_was_observed(
+    cases: dict[str, tuple[Path, dict[str, Any]]],
+) -> None:
+    db, manifest = cases["knee"]
+    truth = truth_rps(manifest)
+    document = recommended(db, RATE_REQUIREMENT).to_json()
+    fit = document["capacity_fit"]
+    assert fit["method"] == "attainment crossing"
+    assert not fit["extrapolated"]
+    assert fit["load_max"] > truth  # the ramp went through the knee
+    assert fit["knee_load"] == pytest.approx(truth, rel=0.15)
+    assert fit["knee_low_load"] <= fit["knee_load"] <= fit["knee_high_load"]
+    # The record sizes on it: one replica's capacity in req/min is the knee x 60.
+    capacity = next(i for i in document["inputs"] if i["path"] == "replica.capacity_req_per_min")
+    assert capacity["kind"] == "measured"
+    assert capacity["value"] == pytest.approx(fit["knee_load"] * 60)
+    # Each pool, each replica of it and both latency models are in the record.
+    (pool,) = document["capacity_by_pool"]
+    assert pool["pool"] == "default"
+    assert pool["capacity_rps_per_replica"] == pytest.approx(truth, rel=0.15)
+    assert pool["decode_tokens_per_s_per_replica"] > pool["capacity_rps_per_replica"]
+    replicas = {r["replica"]: r for r in pool["by_replica"]}
+    assert set(replicas) == {"vllm-0", "vllm-1", "vllm-2"}
+    for each in replicas.values():
+        assert each["capacity_rps"] == pytest.approx(truth, rel=0.2)
+    assert {m["latency"] for m in pool["latency_models"]} == {"TTFT", "TPOT"}
+    # With a narrow interval, the stated demand range moves the fleet more than capacity does.
+    assert document["risk"]["riskiest"]["assumption"] == "demand.peak_req_per_min"
+
+
+def test_the_record_says_extrapolated_when_load_stayed_below_half_the_truth(
+    cases: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path, runner: CliRunner
+) -> None:
+    db, manifest = cases["low"]
+    truth = truth_rps(manifest)
+    record = recommended(db, RATE_REQUIREMENT)
+    document = record.to_json()
+    fit = document["capacity_fit"]
+    assert fit["load_max"] < truth / 2
+    assert fit["extrapolated"]
+    assert fit["knee_load"] > fit["load_max"]
+    assert "extrapolated" in fit["summary"]
+    assert document["capacity_by_pool"][0]["extrapolated"]
+    kinds = {flag["kind"] for flag in document["risk"]["flags"]}
+    assert "extrapolated knee" in kinds
+    # A narrow load range names the capacity fit as the riskiest assumption, and its range
+    # reaches down to the highest load observed.
+    riskiest = document["risk"]["riskiest"]
+    assert riskiest["assumption"] == "replica.capacity_req_per_min"
+    assert "extrapolated" in riskiest["reason"]
+    capacity = next(i for i in document["inputs"] if i["path"] == "replica.capacity_req_per_min")
+    assert capacity["low"] == pytest.approx(fit["load_max"] * 60)
+    markdown = record.to_markdown()
+    assert "extrapolated" in markdown
+    assert "## Measured capacity per replica" in markdown
+
+    # The command line says the same, in JSON and in decision.md.
+    path = tmp_path / "req.toml"
+    path.write_text(RATE_REQUIREMENT, encoding="utf-8")
+    out = tmp_path / "decision.md"
+    result = runner.invoke(
+        app,
+        ["--db", str(db), "recommend", "--requirement", str(path), "--out", str(out), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["capacity_fit"]["extrapolated"]
+    assert printed["risk"]["riskiest"]["assumption"] == "replica.capacity_req_per_min"
+    assert "extrapolated" in out.read_text(encoding="utf-8")
+
+
+def test_an_unstable_cache_hit_ratio_is_the_riskiest_assumption(
+    cases: dict[str, tuple[Path, dict[str, Any]]],
+) -> None:
+    db, _ = cases["unstable_cache"]
+    document = recommended(db, TOKEN_REQUIREMENT).to_json()
+    spread = document["cache_hit_ratio"]
+    assert spread["windows"] >= 5
+    assert spread["p90_ratio"] - spread["p10_ratio"] > 0.1
+    assert "unstable cache hit rate" in {flag["kind"] for flag in document["risk"]["flags"]}
+    assert document["capacity_fit"]["method"] == "attainment crossing"
+    assert document["risk"]["riskiest"]["assumption"] == "demand.cache_hit_ratio"
+    # The capacity in tokens/s is the knee times the completion tokens each request carried.
+    decode = next(i for i in document["inputs"] if i["path"] == "replica.decode_tokens_per_s")
+    pool = document["capacity_by_pool"][0]
+    assert decode["value"] == pytest.approx(pool["decode_tokens_per_s_per_replica"])
