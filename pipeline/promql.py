@@ -770,9 +770,9 @@ def _extrapolated_value(*, range_ms: int, is_rate: bool) -> pl.Expr:
     """The extrapolation of `_extrapolated_delta` as one expression over window columns."""
     result, first_value = pl.col("_result"), pl.col("_v_first")
     start_ms = pl.col("_end_ms") - range_ms
-    to_start = (pl.col("_t_first") - start_ms).cast(pl.Float64) / 1000
-    to_end = (pl.col("_end_ms") - pl.col("_t_last")).cast(pl.Float64) / 1000
-    sampled = (pl.col("_t_last") - pl.col("_t_first")).cast(pl.Float64) / 1000
+    to_start = _divided(pl.col("_t_first") - start_ms, 1000)
+    to_end = _divided(pl.col("_end_ms") - pl.col("_t_last"), 1000)
+    sampled = _divided(pl.col("_t_last") - pl.col("_t_first"), 1000)
     average = sampled / (pl.col("_n") - 1).cast(pl.Float64)
     # Polars orders NaN above every number, so NaN is ruled out before each comparison.
     to_zero = sampled * (first_value / result)
@@ -793,5 +793,15 @@ def _extrapolated_value(*, range_ms: int, is_rate: bool) -> pl.Expr:
     )
     factor = extrapolate_to / sampled
     if is_rate:
-        factor = factor / _go_duration_seconds(range_ms)
+        factor = _divided(factor, _go_duration_seconds(range_ms))
     return result * factor
+
+
+def _divided(numerator: pl.Expr, denominator: float) -> pl.Expr:
+    """`numerator / denominator` rounded once, as Prometheus's float64 division is.
+
+    Polars turns division by a constant into multiplication by its reciprocal, which is off in
+    the last bit for about one value in seven; a denominator built from a column (`_end_ms`,
+    present in every window frame) is never folded into a constant, so the division stays true.
+    """
+    return numerator.cast(pl.Float64) / (pl.col("_end_ms").cast(pl.Float64) * 0.0 + denominator)

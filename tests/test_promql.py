@@ -434,7 +434,8 @@ def test_rate_frames_agree_with_the_scalars(
                 want = scalar_form(
                     samples, range_start_s=(end_ms - range_ms) / 1000, range_end_s=end_ms / 1000
                 )
-                assert same(got.get((sid, end_ms)), want), (column, sid, end_ms)
+                # Bit for bit: the frame form must round exactly as the scalar (and Prometheus).
+                assert same(got.get((sid, end_ms)), want, rel=0.0), (column, sid, end_ms)
 
 
 # -- Prometheus 2.42 as the oracle -------------------------------------------------------------
