@@ -1,28 +1,42 @@
 """Fixture-mode speed: a day of a 12-replica emulated fleet at about 20 req/s in virtual time.
 
-Ours: `FleetSimulation` for 24 h (3 zones x 2 hosts x 2 replicas, diurnal arrivals averaging
-20 req/s, multi-turn conversations, least-loaded routing), every record going to a counting
-observer, so the figure is the simulation alone (the wire outputs are benchmarked apart).
+Ours, twice:
+- fixture mode as a whole: `FleetSimulation` for 24 h (3 zones x 2 hosts x 2 replicas, diurnal
+  arrivals averaging 20 req/s, multi-turn conversations, least-loaded routing) recorded by a
+  `FixtureWriter` into a temporary folder: a vLLM page per replica and a DCGM page per host every
+  15 s, every request's span as OTLP JSON lines, the manifest (what `servewatch emulate
+  --record` does, at its finest scrape interval);
+- the simulation alone, every record going to a counting observer.
 Peer: drawing the same workload's arrivals and lengths and nothing else (every turn answered
-the instant it arrives), measured in the same run, so the ratio shows what simulating the
-engines costs on top of generating the requests. Unit: virtual seconds per wall second; the
-target is >= 720 (a day in under 2 minutes). `--quick` simulates 1 h.
+the instant it arrives), measured in the same run, so the ratios show what simulating the
+engines and writing the outputs cost on top of generating the requests. Unit: virtual seconds
+per wall second; the target for the whole is >= 720 (a day in under 2 minutes). `--quick`
+simulates 1 h. The line printed first says whether the emulator runs compiled
+(emulator/native.py; `make native` builds it).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from bench.report import Comparison
+from emulator import native
+from emulator.fixture_writer import FixtureWriter, record_fixture
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, TopologySpec
 from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.vllm_metrics import EngineSettings
 from emulator.workload import ArrivalKind, ArrivalSpec, SyntheticWorkload
 
 START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z: a whole UTC day, peak at 15:00
 SEED = 20_261_118
 TARGET_RATIO = 720.0
+SCRAPE_INTERVAL_S = 15.0
 
 
 @dataclass
@@ -64,6 +78,28 @@ def simulate(config: FleetConfig, virtual_s: float) -> tuple[float, CountingObse
     return time.perf_counter() - started, observer
 
 
+def record(config: FleetConfig, virtual_s: float) -> tuple[float, dict[str, Any], int]:
+    """Fixture mode into a fresh temporary folder: (wall s, manifest, bytes written)."""
+    parent = Path(tempfile.mkdtemp(prefix="servewatch-bench-fixture-"))
+    try:
+        started = time.perf_counter()
+        writer = FixtureWriter(
+            parent / "fixture",
+            config.placements(),
+            start_s=START_S,
+            scrape_interval_s=SCRAPE_INTERVAL_S,
+            engine=EngineSettings.from_engine(config.engine),
+            seed=SEED,
+        )
+        simulation = FleetSimulation(config, observer=writer, seed=SEED, start_s=START_S)
+        manifest = record_fixture(simulation, writer, end_s=START_S + virtual_s)
+        wall_s = time.perf_counter() - started
+        size = sum(p.stat().st_size for p in parent.rglob("*") if p.is_file())
+        return wall_s, manifest, size
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
 def draw_requests_only(config: FleetConfig, virtual_s: float) -> tuple[float, int]:
     started = time.perf_counter()
     source = SyntheticWorkload(
@@ -84,28 +120,45 @@ def draw_requests_only(config: FleetConfig, virtual_s: float) -> tuple[float, in
 
 def run(*, quick: bool = False) -> list[Comparison]:
     virtual_s = 3600.0 if quick else 86_400.0
+    hours = f"{virtual_s / 3600:.0f} h"
     config = day_config()
+    print(f"   {native.describe()}", flush=True)
+    whole_s, manifest, size = record(config, virtual_s)
     sim_s, counts = simulate(config, virtual_s)
     draw_s, drawn = draw_requests_only(config, virtual_s)
-    ratio = virtual_s / sim_s
+    whole, alone = virtual_s / whole_s, virtual_s / sim_s
     print(
-        f"   simulated {virtual_s / 3600:.0f} h of {len(config.placements())} replicas in "
-        f"{sim_s:.1f} s wall: {counts.requests:,} requests ({counts.failed} failed), "
-        f"{counts.steps:,} engine steps in {counts.step_records:,} step records; "
-        f"drawing {drawn:,} requests alone took {draw_s:.1f} s. Target ratio >= "
-        f"{TARGET_RATIO:.0f}: {'met' if ratio >= TARGET_RATIO else 'NOT met'} ({ratio:.0f})",
+        f"   fixture mode: {hours} of {len(config.placements())} replicas in {whole_s:.1f} s wall "
+        f"({manifest['spans']['count']:,} spans, {manifest['pages']['count']:,} pages every "
+        f"{SCRAPE_INTERVAL_S:g} s, {size / 2**20:,.0f} MiB). Target ratio >= {TARGET_RATIO:.0f}: "
+        f"{'met' if whole >= TARGET_RATIO else 'NOT met'} ({whole:.0f})\n"
+        f"   simulation alone: {sim_s:.1f} s wall: {counts.requests:,} requests "
+        f"({counts.failed} failed), {counts.steps:,} engine steps in {counts.step_records:,} "
+        f"step records; drawing {drawn:,} requests alone took {draw_s:.1f} s",
         flush=True,
     )
+    peer_label = "drawing the same arrivals and lengths only"
     return [
         Comparison(
             benchmark=(
-                f"emulate {virtual_s / 3600:.0f} h of a 12-replica fleet at ~20 req/s "
+                f"fixture mode: {hours} of a 12-replica fleet at ~20 req/s, pages every 15 s and "
+                "spans written (virtual seconds per wall second)"
+            ),
+            unit="virtual s / wall s",
+            ours_label="servewatch FleetSimulation + FixtureWriter",
+            ours=whole,
+            peer_label=peer_label,
+            peer=virtual_s / draw_s,
+        ),
+        Comparison(
+            benchmark=(
+                f"emulate {hours} of a 12-replica fleet at ~20 req/s, simulation alone "
                 "(virtual seconds per wall second)"
             ),
             unit="virtual s / wall s",
             ours_label="servewatch FleetSimulation (engines, routing, records)",
-            ours=ratio,
-            peer_label="drawing the same arrivals and lengths only",
+            ours=alone,
+            peer_label=peer_label,
             peer=virtual_s / draw_s,
-        )
+        ),
     ]

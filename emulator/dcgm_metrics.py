@@ -21,6 +21,7 @@ Every page also carries `servewatch_emulated 1`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Iterable, Sequence
@@ -283,28 +284,43 @@ def _format_value(value: float, *, is_float: bool) -> str:
     return f"{value:f}" if is_float else str(int(value))
 
 
+@functools.lru_cache(maxsize=256)
+def _page_layout(
+    devices: tuple[GpuDevice, ...], spec: GpuSpec
+) -> tuple[tuple[tuple[str, str, bool], ...], str]:
+    """A host page's text around its values: (text before, field, is_float) per sample, in
+    page order, and the text after the last one. Hosts keep their GPUs, so each host's
+    layout is built once."""
+    label_sets = [
+        f'gpu="{d.index}",UUID="{d.uuid}",pci_bus_id="{d.pci_bus_id}",'
+        f'device="{d.device}",modelName="{spec.model_name}",Hostname="{d.host}",'
+        f'DCGM_FI_DRIVER_VERSION="{spec.driver_version}"'
+        for d in devices
+    ]
+    samples: list[tuple[str, str, bool]] = []
+    pending = ""
+    for field in DEFAULT_FIELDS:
+        pending += f"# HELP {field.name} {field.help}\n# TYPE {field.name} {field.type.value}\n"
+        for labels in label_sets:
+            samples.append((f"{pending}{field.name}{{{labels}}} ", field.name, field.is_float))
+            pending = "\n"
+    tail = (
+        f"{pending}# HELP {EMULATED_GAUGE} 1: this page comes from the servewatch emulator, "
+        f"not from a real dcgm-exporter.\n# TYPE {EMULATED_GAUGE} gauge\n{EMULATED_GAUGE} 1\n"
+    )
+    return tuple(samples), tail
+
+
 def render_dcgm_page(readings: Sequence[GpuReading], *, spec: GpuSpec) -> bytes:
     """A host's dcgm-exporter page for `readings` (one per GPU, in GPU order)."""
-    lines: list[str] = []
-    label_sets = [
-        f'gpu="{r.device.index}",UUID="{r.device.uuid}",pci_bus_id="{r.device.pci_bus_id}",'
-        f'device="{r.device.device}",modelName="{spec.model_name}",Hostname="{r.device.host}",'
-        f'DCGM_FI_DRIVER_VERSION="{spec.driver_version}"'
-        for r in readings
-    ]
-    for field in DEFAULT_FIELDS:
-        lines.append(f"# HELP {field.name} {field.help}")
-        lines.append(f"# TYPE {field.name} {field.type.value}")
-        for reading, labels in zip(readings, label_sets, strict=True):
-            value = _format_value(reading.values[field.name], is_float=field.is_float)
-            lines.append(f"{field.name}{{{labels}}} {value}")
-    lines.append(
-        f"# HELP {EMULATED_GAUGE} 1: this page comes from the servewatch emulator, "
-        "not from a real dcgm-exporter."
-    )
-    lines.append(f"# TYPE {EMULATED_GAUGE} gauge")
-    lines.append(f"{EMULATED_GAUGE} 1")
-    return ("\n".join(lines) + "\n").encode()
+    samples, tail = _page_layout(tuple(r.device for r in readings), spec)
+    count = len(readings)
+    parts: list[str] = []
+    for i, (before, name, is_float) in enumerate(samples):
+        parts.append(before)
+        parts.append(_format_value(readings[i % count].values[name], is_float=is_float))
+    parts.append(tail)
+    return "".join(parts).encode()
 
 
 class DcgmObserver:

@@ -38,60 +38,15 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+from emulator.engine_params import EngineParams
 from emulator.records import EngineSteps, FinishedReason, FinishedRequest, ReplicaState
-from emulator.workload import PrefixSegment, RequestSpec, SpecError
+from emulator.workload import PrefixSegment, RequestSpec
 
-
-@dataclass(frozen=True)
-class EngineParams:
-    """One replica's engine: step-time model, batching limits, KV cache. Loosely an 8B model
-    on one H100 (bf16 weights, about 55 GB left for KV at 128 KiB per token)."""
-
-    step_base_s: float = 0.006
-    step_per_seq_s: float = 0.00006
-    step_per_prefill_token_s: float = 0.00004
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    block_size_tokens: int = 16
-    num_gpu_blocks: int = 28_000
-    max_model_len: int = 16_384
-    enable_prefix_caching: bool = True
-    cold_start_s: float = 90.0
-
-    def __post_init__(self) -> None:
-        for name in ("step_base_s", "step_per_seq_s", "step_per_prefill_token_s"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise SpecError(name, f"must be a finite number >= 0, got {value}")
-        if self.step_base_s + self.step_per_seq_s <= 0:
-            raise SpecError("step_base_s", "a decode step must take time: step_base_s > 0")
-        for name in ("max_num_seqs", "block_size_tokens", "num_gpu_blocks", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise SpecError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise SpecError(
-                "max_num_batched_tokens",
-                f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}",
-            )
-        if -(-self.max_model_len // self.block_size_tokens) > self.num_gpu_blocks:
-            raise SpecError(
-                "max_model_len",
-                f"a request of max_model_len tokens needs "
-                f"{-(-self.max_model_len // self.block_size_tokens)} blocks, more than "
-                f"num_gpu_blocks ({self.num_gpu_blocks})",
-            )
-        if not self.cold_start_s >= 0:
-            raise SpecError("cold_start_s", f"must be >= 0, got {self.cold_start_s}")
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size_tokens
-
-    def decode_step_s(self, batch: int) -> float:
-        return self.step_base_s + self.step_per_seq_s * batch
+# EngineParams lives in emulator/engine_params.py and is re-exported: callers build an engine
+# from this module alone.
+__all__ = ["EngineParams", "FinishedCallback", "PrefixCache", "ReplicaEngine", "StepObserver"]
 
 
 class StepObserver(Protocol):
@@ -368,6 +323,18 @@ class ReplicaEngine:
         if self._run_m:
             self._cut(now_s)
 
+    def set_kv_squeeze(self, factor: float, now_s: float) -> None:
+        """Only `num_gpu_blocks / factor` KV blocks exist from the next step boundary on (1: all
+        of them), as on a replica left with less GPU memory for its KV pool; never fewer than
+        one max_model_len request needs, since vLLM would not start with fewer. The usage
+        gauge is over the blocks that exist. Running requests that no longer fit are
+        preempted at that boundary."""
+        total = self.params.num_gpu_blocks
+        floor = -(-self._max_model_len // self._block)
+        self._capacity = max(math.ceil(total / factor), floor) if factor > 1 else total
+        if self._run_m:
+            self._cut(now_s)
+
     def fail_all(self, now_s: float) -> int:
         """The process died now: every request it holds ends with an error. Returns how many."""
         self.flush(now_s)
@@ -447,7 +414,12 @@ class ReplicaEngine:
             m = 1
         else:
             m = 1 + math.ceil((now_s - t1) / step_s)
-            if t1 + (m - 1) * step_s < now_s:
+            # The rounded quotient can miss by one either way: settle m on the engine's own
+            # boundary values, so that an arrival exactly on a boundary joins the step that
+            # starts there (as the step-by-step reference has it), not the one after.
+            while m > 1 and t1 + (m - 2) * step_s >= now_s:
+                m -= 1
+            while t1 + (m - 1) * step_s < now_s:
                 m += 1
         if m < self._run_m:
             self._run_m = m

@@ -7,7 +7,11 @@ when it fails, seconds after the simulation starts. `failure_timeline` expands s
   cold start; it restarts from its own node, so it does not need the artifact registry;
 - a lost host or zone comes back (or is replaced) `duration_s` later (None: never); its
   replicas must pull their artifacts, so while the registry is out they cannot start;
-- a slow replica or an error burst lasts `duration_s` (None: to the end of the run).
+- a slow replica or an error burst lasts `duration_s` (None: to the end of the run);
+- a rollout replaces a replica's process by a new version (`<model>@<version>` in its model
+  name, step time x `factor`): in-flight requests fail, the new process serves after a cold
+  start; `duration_s` later (None: never) it is rolled back the same way;
+- a KV squeeze (usable KV blocks divided by `factor`) lasts `duration_s` (None: to the end).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class FailureKind(Enum):
     SLOW_REPLICA = "slow_replica"  # step time x factor
     ERROR_BURST = "error_burst"  # a share of requests fails at once
     REGISTRY_OUTAGE = "registry_outage"  # replacements cannot pull artifacts
+    ROLLOUT = "rollout"  # restarts as a new version whose step time is x factor
+    KV_SQUEEZE = "kv_squeeze"  # usable KV blocks / factor (memory taken by something else)
 
 
 TARGET_UNIT = {
@@ -36,6 +42,8 @@ TARGET_UNIT = {
     FailureKind.SLOW_REPLICA: "replica",
     FailureKind.ERROR_BURST: "replica",
     FailureKind.REGISTRY_OUTAGE: "",
+    FailureKind.ROLLOUT: "replica",
+    FailureKind.KV_SQUEEZE: "replica",
 }
 
 
@@ -49,6 +57,7 @@ class FailureSpec:
     duration_s: float | None = None
     factor: float = 3.0  # slow_replica: step time multiplier
     error_ratio: float = 1.0  # error_burst: share of arriving requests that fail
+    version: str = "v2"  # rollout: the new version's name, reported as `<model>@<version>`
 
     def __post_init__(self) -> None:
         if not self.at_s >= 0:
@@ -62,8 +71,21 @@ class FailureSpec:
             raise SpecError("target", f"{self.kind.value} takes no target, got {self.target!r}")
         if self.kind is FailureKind.SLOW_REPLICA and not self.factor >= 1.0:
             raise SpecError("factor", f"must be >= 1 (a step-time multiplier), got {self.factor}")
+        if self.kind is FailureKind.KV_SQUEEZE and not self.factor >= 1.0:
+            raise SpecError(
+                "factor", f"must be >= 1 (usable KV blocks are divided by it), got {self.factor}"
+            )
         if self.kind is FailureKind.ERROR_BURST and not 0.0 < self.error_ratio <= 1.0:
             raise SpecError("error_ratio", f"must be in (0, 1], got {self.error_ratio}")
+        if self.kind is FailureKind.ROLLOUT:
+            if not self.factor > 0:
+                raise SpecError(
+                    "factor", f"must be > 0 (a step-time multiplier), got {self.factor}"
+                )
+            if not self.version or "@" in self.version:
+                raise SpecError(
+                    "version", f"must be a non-empty name without '@', got {self.version!r}"
+                )
 
 
 class ActionKind(Enum):
@@ -76,6 +98,8 @@ class ActionKind(Enum):
     ERRORS_OFF = "errors_off"
     REGISTRY_DOWN = "registry_down"
     REGISTRY_UP = "registry_up"
+    ROLL_OUT = "roll_out"  # replace the process by `version` ("": the original) at `factor`
+    SQUEEZE_KV = "squeeze_kv"  # usable KV blocks / `factor`; 1 gives them all back
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,7 @@ class FailureAction:
     detail: str = ""
     factor: float = 1.0
     needs_registry: bool = False  # START: the replicas must pull artifacts first
+    version: str = ""  # ROLL_OUT: the version the new process runs ("": the original)
 
 
 def check_targets(specs: Sequence[FailureSpec], placements: Sequence[ReplicaPlacement]) -> None:
@@ -107,7 +132,7 @@ def check_targets(specs: Sequence[FailureSpec], placements: Sequence[ReplicaPlac
             )
 
 
-def failure_timeline(
+def failure_timeline(  # noqa: PLR0912 (one branch per failure kind)
     specs: Sequence[FailureSpec], placements: Sequence[ReplicaPlacement], *, start_s: float
 ) -> list[FailureAction]:
     """All actions of `specs` on the fleet, in time order (ties keep the specs' order)."""
@@ -171,4 +196,21 @@ def failure_timeline(
                 add(at, FailureAction(at, ActionKind.REGISTRY_DOWN, (), "artifact registry down"))
                 if end is not None:
                     add(end, FailureAction(end, ActionKind.REGISTRY_UP, (), "artifact registry up"))
+            case FailureKind.ROLLOUT:
+                replicas = (spec.target,)
+                detail = f"rollout to {spec.version}, step time x{spec.factor:g}"
+                add(
+                    at,
+                    FailureAction(
+                        at, ActionKind.ROLL_OUT, replicas, detail, spec.factor, version=spec.version
+                    ),
+                )
+                if end is not None:
+                    add(end, FailureAction(end, ActionKind.ROLL_OUT, replicas, "rollback"))
+            case FailureKind.KV_SQUEEZE:
+                replicas = (spec.target,)
+                detail = f"usable KV blocks / {spec.factor:g}"
+                add(at, FailureAction(at, ActionKind.SQUEEZE_KV, replicas, detail, spec.factor))
+                if end is not None:
+                    add(end, FailureAction(end, ActionKind.SQUEEZE_KV, replicas, "KV blocks back"))
     return [action for _, _, action in sorted(actions, key=lambda item: (item[0], item[1]))]

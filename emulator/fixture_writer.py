@@ -17,11 +17,10 @@ the time range, the scrape interval, every injected event and the caller's groun
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
 from emulator.records import (
     EngineSteps,
     FinishedRequest,
@@ -36,7 +36,6 @@ from emulator.records import (
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.span_output import SpanOutput, jsonl_span_output
 from emulator.vllm_metrics import PAGE_CONTENT_TYPE, EngineSettings, VllmMetricsObserver
 
 FORMAT = "servewatch.fixture"
@@ -161,6 +160,9 @@ class FixtureWriter:
 
     Use it as the simulation's observer, call `scrape` at every scrape instant with the
     simulation's states, then `close` to write the manifest. `record_fixture` does the loop.
+    Pages and spans are compressed and written by a helper process (`background`, the default;
+    emulator/fixture_files.py) or in this one: either way they are complete once `close`
+    returns, and the same bytes.
     """
 
     def __init__(
@@ -175,6 +177,7 @@ class FixtureWriter:
         seed: int = 0,
         spans_per_line: int = 512,
         compresslevel: int = 3,
+        background: bool = True,
     ) -> None:
         if not (scrape_interval_s > 0 and math.isfinite(scrape_interval_s)):
             raise FixtureError(
@@ -204,14 +207,19 @@ class FixtureWriter:
         folder.mkdir(parents=True, exist_ok=True)
         for target in self.targets:
             (folder / target.pages_dir).mkdir(parents=True, exist_ok=True)
-        # mtime=0 keeps the gzip header, and so the whole folder, the same from run to run.
-        self._spans_gzip = gzip.GzipFile(
-            folder / SPANS_NAME, mode="wb", compresslevel=compresslevel, mtime=0
+        sink = FixtureFiles if background else InlineFixtureFiles
+        self._files = sink(
+            folder / SPANS_NAME,
+            settings=self.engine,
+            compresslevel=compresslevel,
+            placements=self.placement_list,
+            seed=seed,
+            spans_per_line=spans_per_line,
         )
-        self._spans_file = io.TextIOWrapper(self._spans_gzip, encoding="utf-8", newline="\n")
-        self.spans: SpanOutput = jsonl_span_output(
-            self.placement_list, self._spans_file, seed=seed, spans_per_line=spans_per_line
-        )
+        self.spans: SpanSink = self._files.spans
+        # The observer's engine_steps is the vLLM metrics' own (DCGM and spans ignore steps):
+        # millions of records a day skip a call.
+        self.engine_steps: Callable[[EngineSteps], None] = self.vllm.engine_steps
         self.events: list[dict[str, Any]] = []
         self.pages_written = 0
         self.scrapes = 0
@@ -222,9 +230,6 @@ class FixtureWriter:
     def request_finished(self, record: FinishedRequest) -> None:
         self.vllm.request_finished(record)
         self.spans.request_finished(record)
-
-    def engine_steps(self, record: EngineSteps) -> None:
-        self.vllm.engine_steps(record)
 
     def replica_event(self, event: ReplicaEvent) -> None:
         self.vllm.replica_event(event)
@@ -244,14 +249,18 @@ class FixtureWriter:
         stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}"
         written = 0
         for target in self.targets:
+            path = self.folder / target.pages_dir / stamp
             if target.kind is TargetKind.VLLM:
-                page = self.vllm.page(target.name)
+                # Rendered where it is written: the values are a tenth of the text.
+                values = self.vllm.page_values(target.name)
+                if values is None:
+                    continue
+                self._files.vllm_page(path, *values)
             else:
                 page = self.dcgm.page(target.name)
-            if page is None:
-                continue
-            data = gzip.compress(page, compresslevel=self.compresslevel, mtime=0)
-            (self.folder / target.pages_dir / stamp).write_bytes(data)
+                if page is None:
+                    continue
+                self._files.page(path, page)
             written += 1
         self._last_scrape_s = at_s
         self.scrapes += 1
@@ -272,9 +281,7 @@ class FixtureWriter:
         if end_s < self.start_s:
             raise FixtureError(f"end_s {end_s} is before start_s {self.start_s}")
         self._closed = True
-        self.spans.shutdown()
-        self._spans_file.close()
-        self._spans_gzip.close()
+        self._files.close()
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,

@@ -207,6 +207,8 @@ class FleetSimulation:
         self._registry_up = True
         self._blocked: set[int] = set()
         self._generation = [0] * len(self._engines)
+        # Model names of replicas a rollout moved to another version; the rest serve their own.
+        self._models: dict[int, str] = {}
         # Replica run ends wait in their own small heap (at most one live entry per replica,
         # `_queued` holds its time; older entries are stale and skipped); everything else
         # (arrivals, follow-up turns, failure actions, cold starts) waits in `_heap`.
@@ -359,10 +361,17 @@ class FleetSimulation:
             self._push(following.arrival_s, _FOLLOW_UP, following)
 
     def _event(
-        self, i: int, at_s: float, kind: ReplicaEventKind, detail: str, factor: float = 1.0
+        self,
+        i: int,
+        at_s: float,
+        kind: ReplicaEventKind,
+        detail: str,
+        *,
+        factor: float = 1.0,
+        model: str | None = None,
     ) -> None:
         self._observer.replica_event(
-            ReplicaEvent(self._engines[i].name, at_s, kind, detail, factor)
+            ReplicaEvent(self._engines[i].name, at_s, kind, detail, factor, model)
         )
 
     def _take_down(self, i: int, at_s: float, kind: ReplicaEventKind, detail: str) -> None:
@@ -393,7 +402,7 @@ class FleetSimulation:
             return
         self._engines[i].restart(at_s)
         self._loads[i] = 0
-        self._event(i, at_s, ReplicaEventKind.STARTED, detail)
+        self._event(i, at_s, ReplicaEventKind.STARTED, detail, model=self._models.get(i))
 
     def _apply(self, action: FailureAction, at_s: float) -> None:  # noqa: PLR0912 (one per kind)
         indices = [self._index[name] for name in action.replicas]
@@ -420,7 +429,7 @@ class FleetSimulation:
                     engine.advance(at_s)
                     engine.set_slow_factor(action.factor, at_s)
                     self._requeue(i)
-                    self._event(i, at_s, kind, action.detail, action.factor)
+                    self._event(i, at_s, kind, action.detail, factor=action.factor)
             case ActionKind.ERRORS_ON:
                 for i in indices:
                     self._error_ratio[i] = action.factor
@@ -429,6 +438,28 @@ class FleetSimulation:
                 for i in indices:
                     self._error_ratio.pop(i, None)
                     self._event(i, at_s, ReplicaEventKind.RECOVERED, action.detail)
+            case ActionKind.ROLL_OUT:
+                for i in indices:
+                    self._take_down(i, at_s, ReplicaEventKind.CRASHED, action.detail)
+                    self._engines[i].set_slow_factor(action.factor, at_s)
+                    placement = self.placements[i]
+                    if action.version:
+                        self._models[i] = f"{placement.model}@{action.version}"
+                    else:
+                        self._models.pop(i, None)
+                    self._begin_start(i, at_s, needs_registry=False, detail=action.detail)
+            case ActionKind.SQUEEZE_KV:
+                for i in indices:
+                    engine = self._engines[i]
+                    engine.advance(at_s)
+                    engine.set_kv_squeeze(action.factor, at_s)
+                    self._requeue(i)
+                    kind = (
+                        ReplicaEventKind.KV_SQUEEZED
+                        if action.factor > 1
+                        else ReplicaEventKind.RECOVERED
+                    )
+                    self._event(i, at_s, kind, action.detail, factor=action.factor)
             case ActionKind.REGISTRY_DOWN:
                 self._registry_up = False
             case ActionKind.REGISTRY_UP:

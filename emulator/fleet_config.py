@@ -72,13 +72,15 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class TopologySpec:
-    """Zones, each with `hosts_per_zone` hosts, each running `replicas_per_host` replicas.
+    """Zones of hosts, each host running `replicas_per_host` replicas.
 
+    `hosts_per_zone` is one count for every zone, or one count per zone in the order of
+    `zones` (uneven zones: `(2, 1)` puts two hosts in the first zone and one in the second).
     Hosts are named host-0, host-1, ... and replicas vllm-0, vllm-1, ... zone by zone.
     """
 
     zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c")
-    hosts_per_zone: int = 1
+    hosts_per_zone: int | tuple[int, ...] = 1
     replicas_per_host: int = 2
     gpus_per_replica: int = 1
 
@@ -87,19 +89,42 @@ class TopologySpec:
             raise SpecError("zones", "needs at least one zone")
         if len(set(self.zones)) != len(self.zones) or not all(self.zones):
             raise SpecError("zones", f"names must be unique and non-empty, got {self.zones}")
-        for name in ("hosts_per_zone", "replicas_per_host", "gpus_per_replica"):
+        if isinstance(self.hosts_per_zone, tuple):
+            if len(self.hosts_per_zone) != len(self.zones):
+                raise SpecError(
+                    "hosts_per_zone",
+                    f"has {len(self.hosts_per_zone)} counts for {len(self.zones)} zones; "
+                    "give one count, or one per zone",
+                )
+            for i, count in enumerate(self.hosts_per_zone):
+                if count < 1:
+                    raise SpecError(f"hosts_per_zone[{i}]", f"must be >= 1, got {count}")
+        elif self.hosts_per_zone < 1:
+            raise SpecError("hosts_per_zone", f"must be >= 1, got {self.hosts_per_zone}")
+        for name in ("replicas_per_host", "gpus_per_replica"):
             if getattr(self, name) < 1:
                 raise SpecError(name, f"must be >= 1, got {getattr(self, name)}")
 
     @property
+    def zone_hosts(self) -> tuple[int, ...]:
+        """Hosts in each zone, in the order of `zones`."""
+        if isinstance(self.hosts_per_zone, tuple):
+            return self.hosts_per_zone
+        return (self.hosts_per_zone,) * len(self.zones)
+
+    @property
+    def hosts(self) -> int:
+        return sum(self.zone_hosts)
+
+    @property
     def replicas(self) -> int:
-        return len(self.zones) * self.hosts_per_zone * self.replicas_per_host
+        return self.hosts * self.replicas_per_host
 
     def placements(self, *, model: str, pool: str) -> list[ReplicaPlacement]:
         out: list[ReplicaPlacement] = []
         host = 0
-        for zone in self.zones:
-            for _ in range(self.hosts_per_zone):
+        for zone, hosts in zip(self.zones, self.zone_hosts, strict=True):
+            for _ in range(hosts):
                 first = len(out)
                 out.extend(
                     ReplicaPlacement(
@@ -442,10 +467,41 @@ def _failures(parent: _Table) -> tuple[FailureSpec, ...]:
         duration = ft.optional_number("duration_s")
         factor = ft.number("factor", 3.0)
         ratio = ft.number("error_ratio", 1.0)
+        version = ft.text("version", "v2")
         out.append(
-            ft.build(functools.partial(FailureSpec, kind, at_s, target, duration, factor, ratio))
+            ft.build(
+                functools.partial(FailureSpec, kind, at_s, target, duration, factor, ratio, version)
+            )
         )
     return tuple(out)
+
+
+def _hosts_per_zone(
+    t: _Table, zones: tuple[str, ...], default: int | tuple[int, ...]
+) -> int | tuple[int, ...]:
+    """`hosts_per_zone`: one whole number for every zone, a list with one per zone (in the
+    order of `zones`), or a table of counts by zone name."""
+    value = t._raw("hosts_per_zone")
+    if value is None:
+        return default
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(zones))
+        if unknown:
+            t.fail(f"hosts_per_zone.{unknown[0]}", f"is not one of the zones {list(zones)}")
+        missing = [z for z in zones if z not in value]
+        if missing:
+            t.fail(f"hosts_per_zone.{missing[0]}", "is missing: give a count for every zone")
+        counts = [(f"hosts_per_zone.{z}", value[z]) for z in zones]
+    elif isinstance(value, list):
+        counts = [(f"hosts_per_zone[{i}]", v) for i, v in enumerate(value)]
+    else:
+        counts = [("hosts_per_zone", value)]
+    for key, count in counts:
+        if isinstance(count, bool) or not isinstance(count, int):
+            t.fail(key, f"must be an integer, got {count!r}")
+    if isinstance(value, int):
+        return value
+    return tuple(count for _, count in counts)
 
 
 def fleet_config_from_mapping(
@@ -459,7 +515,7 @@ def fleet_config_from_mapping(
     tt = root.table("topology")
     if tt is not None:
         zones = tt.texts("zones", topology.zones)
-        hosts = tt.integer("hosts_per_zone", topology.hosts_per_zone)
+        hosts = _hosts_per_zone(tt, zones, topology.hosts_per_zone)
         per_host = tt.integer("replicas_per_host", topology.replicas_per_host)
         gpus = tt.integer("gpus_per_replica", topology.gpus_per_replica)
         topology = tt.build(lambda: TopologySpec(zones, hosts, per_host, gpus))

@@ -15,6 +15,7 @@ import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import IO, Any
 
 from google.protobuf import json_format
@@ -67,6 +68,41 @@ class _NotPlainError(Exception):
 
 
 _KEY_PREFIXES: dict[str, str] = {}  # attribute keys repeat on every span: encode each once
+
+
+def key_prefix(key: str) -> str:
+    """The start of a KeyValue for `key`, up to its value's type: `{"key":"...","value":{`."""
+    return _KEY_PREFIXES.get(key) or _key_prefix(key)
+
+
+def json_string(value: str) -> str:
+    """`value` as a JSON string, escaped as the rest of the line is (what `_dumps` does for a
+    string, without its dispatch)."""
+    return encode_basestring_ascii(value)
+
+
+def resource_spans_parts(resource: Resource, scope: InstrumentationScope | None) -> tuple[str, str]:
+    """The text of one ResourceSpans entry (one scope) before and after its comma-joined spans,
+    as `spans_to_otlp_json` writes it; raises ValueError for what it would not write directly."""
+    try:
+        attributes = _key_values(resource.attributes)
+        scope_json = _scope_json(scope)
+    except _NotPlainError as exc:
+        raise ValueError(f"resource {dict(resource.attributes)} needs the protobuf path") from exc
+    resource_json = '{"attributes":[' + attributes + "]}" if attributes else "{}"
+    before = '{"resource":' + resource_json + ',"scopeSpans":[{"scope":' + scope_json + ',"spans":['
+    after = "]"
+    if scope is not None and scope.schema_url:
+        after += ',"schemaUrl":' + _dumps(scope.schema_url)
+    after += "}]"
+    if resource.schema_url:
+        after += ',"schemaUrl":' + _dumps(resource.schema_url)
+    return before, after + "}"
+
+
+def export_line(resource_spans: Sequence[str]) -> str:
+    """One ExportTraceServiceRequest line from ResourceSpans entries."""
+    return '{"resourceSpans":[' + ",".join(resource_spans) + "]}"
 
 
 def _key_prefix(key: str) -> str:

@@ -80,15 +80,20 @@ class ReplicaEventKind(Enum):
     RECOVERED = "recovered"  # back to normal speed
     ERROR_BURST = "error_burst"  # requests fail with finished_reason=error for a while
     START_BLOCKED = "start_blocked"  # a replacement could not start (artifact registry down)
+    KV_SQUEEZED = "kv_squeezed"  # usable KV blocks divided by `factor` (1: all back)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaEvent:
+    """`model` on a STARTED event: the model name the new process reports, when a rollout
+    changed it from the placement's (None: the placement's)."""
+
     replica: str
     at_s: float
     kind: ReplicaEventKind
     detail: str = ""
     factor: float = 1.0
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

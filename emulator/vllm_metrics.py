@@ -15,6 +15,7 @@ of a real fleet.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -64,6 +65,7 @@ ITERATION_TOKENS_BUCKETS = (
 ENGINE_LABELS = ("model_name", "engine")
 # prometheus-client's float formatting (Go's), as its encoder writes values and `le` bounds.
 _go_float = cast(Callable[[float], str], floatToGoString)
+_GO_PLAIN_BELOW = 1_000_000  # Go writes whole numbers with up to six digits as "123456.0"
 
 
 def token_count_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -493,10 +495,34 @@ class PageTemplate:
             raise ValueError(
                 f"page template has {len(self.chunks)} samples, got {len(values)} values"
             )
-        parts = [
-            part for pair in zip(self.chunks, map(_go_float, values), strict=True) for part in pair
-        ]
-        parts.append(self.tail)
+        # Whole counts below a million (most values: histogram buckets) print as floatToGoString
+        # would, directly. A page repeats some other values many times (`_created` in every
+        # family, totals): each is formatted once; not zero, since -0.0 == 0.0 prints otherwise.
+        seen: dict[object, str] = {}
+        parts: list[str] = []
+        append = parts.append
+        # As objects: the ints among the values keep their type (a compiled float would not).
+        for chunk, value in zip(self.chunks, cast(Sequence[object], values), strict=True):
+            append(chunk)
+            if type(value) is int:
+                if 0 <= value < _GO_PLAIN_BELOW:
+                    append(f"{value}.0")
+                    continue
+            elif type(value) is float:
+                # Counts arrive as floats too (compiled code stores them in a list[float]).
+                if 0.0 < value < _GO_PLAIN_BELOW and value.is_integer():
+                    append(f"{int(value)}.0")
+                    continue
+                if value == 0.0:
+                    append("-0.0" if math.copysign(1.0, value) < 0 else "0.0")
+                    continue
+            text = seen.get(value)
+            if text is None:
+                text = _go_float(cast(float, value))
+                if value:
+                    seen[value] = text
+            append(text)
+        append(self.tail)
         return "".join(parts).encode()
 
 
@@ -511,6 +537,11 @@ def render_vllm_page(metrics: ReplicaMetrics, state: ReplicaState | None) -> byt
     as prometheus-client encoding `metrics.families(state)`."""
     template = page_template(metrics.model_name, metrics.settings)
     return template.render(metrics.page_values(state))
+
+
+def render_page_values(model_name: str, settings: EngineSettings, values: list[float]) -> bytes:
+    """The page `VllmMetricsObserver.page_values` describes: the same bytes as `page`."""
+    return page_template(model_name, settings).render(values)
 
 
 class ReplicaCollector(Collector):
@@ -570,10 +601,12 @@ class VllmMetricsObserver:
 
     def replica_event(self, event: ReplicaEvent) -> None:
         with self._lock:
-            current = self._replica(event.replica)
+            self._replica(event.replica)
             if event.kind is ReplicaEventKind.STARTED:
                 self._metrics[event.replica] = ReplicaMetrics(
-                    model_name=current.model_name, created_s=event.at_s, settings=self.settings
+                    model_name=event.model or self.placements[event.replica].model,
+                    created_s=event.at_s,
+                    settings=self.settings,
                 )
                 self._up[event.replica] = True
             elif event.kind in (ReplicaEventKind.CRASHED, ReplicaEventKind.HOST_LOST):
@@ -600,6 +633,17 @@ class VllmMetricsObserver:
             if not self._is_up(replica):
                 return None
             return render_vllm_page(self._metrics[replica], self._states.get(replica))
+
+    def page_values(self, replica: str) -> tuple[str, list[float]] | None:
+        """What `page` renders, before rendering: the model name (which picks the template)
+        and the sample values; None while the replica is down. Fixture mode renders elsewhere
+        (`render_page_values`)."""
+        with self._lock:
+            self._replica(replica)
+            if not self._is_up(replica):
+                return None
+            metrics = self._metrics[replica]
+            return metrics.model_name, metrics.page_values(self._states.get(replica))
 
     def families(self, replica: str) -> list[Metric]:
         """The replica's metric families now (empty while it is down)."""

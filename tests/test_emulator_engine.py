@@ -295,6 +295,18 @@ def test_engine_matches_step_by_step_oracle_under_kv_pressure(specs: list[Reques
     assert engine.load == 0
 
 
+def test_an_arrival_exactly_on_a_step_boundary_joins_the_step_that_starts_there() -> None:
+    # Found by the property test above: 0.31 s is the fifth boundary of req-0's steps, and a
+    # rounded quotient put req-1 one step later than the reference.
+    specs = [spec(0, 0.25, 120, 4, max_tokens=45), spec(1, 0.31, 1, 1, max_tokens=45)]
+    oracle = Oracle(TIGHT)
+    oracle.run(specs)
+    got, _ = run_engine(TIGHT, specs)
+    assert_same(oracle, got)
+    (late,) = [r for r in got.records if r.request_id == "req-1"]
+    assert late.queue_s == pytest.approx(0.0, abs=1e-9)
+
+
 CACHED = EngineParams(
     step_base_s=0.01,
     step_per_seq_s=0.002,
