@@ -10,18 +10,20 @@ By default only catalogued families are stored; the others are tallied in `unkno
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import polars as pl
 
-from collectors.dcgm_catalogue import catalogue_dcgm_frame
-from collectors.exposition import LineError, SeriesCache, parse_exposition
+from collectors.dcgm_catalogue import DCGM_CATALOGUE
+from collectors.exposition import LineError, ParsedPage, SeriesCache
+from collectors.exposition_batch import parse_expositions
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import Reject, rejects_frame
-from collectors.vllm_catalogue import catalogue_vllm_frame
-from pipeline.signals import Disposition
+from collectors.vllm_catalogue import VLLM_CATALOGUE
+from pipeline.signals import Catalogue, CatalogueEntry, Disposition, catalogue_frame
 from pipeline.store import Store
 from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
@@ -59,7 +61,25 @@ def _scrape_error(errors: Sequence[LineError]) -> str:
     return f"{len(errors)} malformed line(s) left out: {shown}{suffix}"
 
 
-_CATALOGUES = {TargetKind.VLLM: catalogue_vllm_frame, TargetKind.DCGM: catalogue_dcgm_frame}
+_CATALOGUES: dict[TargetKind, Catalogue] = {
+    TargetKind.VLLM: VLLM_CATALOGUE,
+    TargetKind.DCGM: DCGM_CATALOGUE,
+}
+
+
+_THREAD = threading.local()
+
+
+def _series_cache() -> SeriesCache:
+    """The parser's cache of series keys, kept across calls: each scrape of a target repeats
+    its series keys, so from a target's second scrape on its keys are looked up, not parsed
+    (results are the same with or without a cache). One per thread, since a cache must not be
+    shared by threads (it is cleared when full); it is bounded by `SeriesCache.max_entries`."""
+    cache: SeriesCache | None = getattr(_THREAD, "series_cache", None)
+    if cache is None:
+        cache = SeriesCache()
+        _THREAD.series_cache = cache
+    return cache
 
 
 def ingest_pages(
@@ -67,53 +87,63 @@ def ingest_pages(
 ) -> MetricIngestReport:
     """Parse, catalogue and store `pages`; scrapes already stored are skipped (idempotent)."""
     report = MetricIngestReport(pages=len(pages))
-    cache = SeriesCache()
-    frames: dict[TargetKind, list[pl.DataFrame]] = {kind: [] for kind in TargetKind}
-    scrape_rows: list[tuple[object, ...]] = []
-    for page in pages:
-        target_id = page.target.target_id
+    cache = _series_cache()
+    fetched: dict[TargetKind, list[int]] = {kind: [] for kind in TargetKind}
+    for index, page in enumerate(pages):
         if page.body is None:
-            error = page.error or "no page"
             where = f"scrape {page.scrape_ts.isoformat()}Z"
-            report.failed_scrapes.append(Reject(target_id, where, error))
-            scrape_rows.append((target_id, page.scrape_ts, False, page.duration_s, 0, error))
+            report.failed_scrapes.append(
+                Reject(page.target.target_id, where, page.error or "no page")
+            )
+        else:
+            fetched[page.target.kind].append(index)
+    parsed: dict[int, ParsedPage] = {}
+    catalogued: list[pl.LazyFrame] = []
+    for kind, indices in fetched.items():
+        if not indices:
             continue
-        parsed = parse_exposition(page.body, openmetrics=page.openmetrics, cache=cache)
-        for line_error in parsed.errors:
+        batch = parse_expositions(
+            [pages[i].body or "" for i in indices],
+            openmetrics=[pages[i].openmetrics for i in indices],
+            cache=cache,
+        )
+        parsed.update(zip(indices, batch.pages, strict=True))
+        # Page numbers of the batch become indices into `pages`, so one frame serves all kinds.
+        samples = batch.samples.with_columns(
+            page=pl.Series(indices, dtype=pl.UInt32).gather(batch.samples.get_column("page"))
+        )
+        catalogued.append(_catalogued(samples, catalogue=_CATALOGUES[kind]))
+    for index, result in sorted(parsed.items()):
+        page = pages[index]
+        for line_error in result.errors:
             location = f"scrape {page.scrape_ts.isoformat()}Z line {line_error.line}"
-            report.line_errors.append(Reject(target_id, location, line_error.message))
-        frames[page.target.kind].append(
-            parsed.frame().with_columns(
-                target_id=pl.lit(target_id), scrape_ts=pl.lit(page.scrape_ts, pl.Datetime("us"))
-            )
-        )
-        scrape_rows.append(
-            (
-                target_id,
-                page.scrape_ts,
-                not parsed.errors,
-                page.duration_s,
-                None,  # filled with the stored count below
-                _scrape_error(parsed.errors) if parsed.errors else None,
-            )
-        )
+            report.line_errors.append(Reject(page.target.target_id, location, line_error.message))
 
-    catalogued = [
-        _CATALOGUES[kind](pl.concat(kind_frames).lazy(), page_by=_PAGE)
-        for kind, kind_frames in frames.items()
-        if kind_frames
-    ]
     wanted = [Disposition.CATALOGUED.value]
     if keep_uncatalogued:
         wanted.append(Disposition.UNKNOWN.value)
     all_samples = (
         pl.concat(catalogued, how="diagonal_relaxed")
         if catalogued
-        else pl.LazyFrame(schema={**SAMPLES_SCHEMA, "disposition": pl.String, "exposed": pl.String})
+        else pl.LazyFrame(
+            schema={"page": pl.UInt32, "timestamp_ms": pl.Int64, "family": pl.String}
+            | dict.fromkeys(("metric", "labels", "signal", "source"), pl.String)
+            | {"value": pl.Float64, "disposition": pl.String}
+        )
+    )
+    page_frame = pl.LazyFrame(
+        {
+            "page": range(len(pages)),
+            "target_id": [p.target.target_id for p in pages],
+            "scrape_ts": [p.scrape_ts for p in pages],
+        },
+        schema={"page": pl.UInt32, "target_id": pl.String, "scrape_ts": pl.Datetime("us")},
     )
     stored, unknown = pl.collect_all(
         [
-            all_samples.filter(pl.col("disposition").is_in(wanted)).select(
+            all_samples.filter(pl.col("disposition").is_in(wanted))
+            .join(page_frame, on="page", how="left")
+            .select(
                 "target_id",
                 "scrape_ts",
                 ts=pl.coalesce(
@@ -127,6 +157,7 @@ def ingest_pages(
                 value=pl.col("value"),
             ),
             all_samples.filter(pl.col("disposition") == Disposition.UNKNOWN.value)
+            .join(page_frame, on="page", how="left")
             .group_by("target_id", "family")
             .agg(
                 samples=pl.len().cast(pl.Int64),
@@ -138,15 +169,13 @@ def ingest_pages(
     stored = stored.cast(SAMPLES_SCHEMA)
     stored_counts = {(t, s): n for t, s, n in stored.group_by(_PAGE).len().iter_rows()}
     scrapes = pl.DataFrame(
-        [
-            (*row[:4], stored_counts.get((row[0], row[1]), 0) if row[4] is None else row[4], row[5])
-            for row in scrape_rows
-        ],
+        [_scrape_row(page, parsed.get(i), stored_counts) for i, page in enumerate(pages)],
         schema=SCRAPES_SCHEMA,
         orient="row",
     )
-    store.write_targets(_targets_frame(pages))
-    report.new_scrapes, report.new_points = store.write_scrapes(scrapes, stored)
+    report.new_scrapes, report.new_points = store.write_scrapes(
+        scrapes, stored, targets=_targets_frame(pages)
+    )
     report.stored_samples = stored.height
     report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
     if report.new_scrapes:
@@ -154,6 +183,125 @@ def ingest_pages(
     if report.line_errors:
         store.write_ingest_errors(rejects_frame(report.line_errors, recorded_ts=store.now()))
     return report
+
+
+def _scrape_row(
+    page: Page, parsed: ParsedPage | None, stored: dict[tuple[str, datetime], int]
+) -> tuple[object, ...]:
+    target_id = page.target.target_id
+    if parsed is None:
+        return (target_id, page.scrape_ts, False, page.duration_s, 0, page.error or "no page")
+    return (
+        target_id,
+        page.scrape_ts,
+        not parsed.errors,
+        page.duration_s,
+        stored.get((target_id, page.scrape_ts), 0),
+        _scrape_error(parsed.errors) if parsed.errors else None,
+    )
+
+
+_KEY = ["metric", "labels"]
+_BY_KEY = ["canonical_metric", "canonical_labels", "family", "signal", "source", "disposition"]
+_KEY_SCHEMA = pl.Schema(
+    dict.fromkeys([*_KEY, *_BY_KEY], pl.String())
+    | {"alias": pl.Boolean(), "rescales": pl.Boolean()}
+)
+MAX_CACHED_KEYS = 200_000
+
+
+def _known_keys(catalogue: Catalogue) -> dict[str, pl.DataFrame]:
+    """This thread's catalogue results per (name, labels) key as exposed, by catalogue."""
+    known: dict[str, pl.DataFrame] | None = getattr(_THREAD, "catalogued_keys", None)
+    if known is None:
+        known = {}
+        _THREAD.catalogued_keys = known
+    if catalogue.name not in known or known[catalogue.name].height > MAX_CACHED_KEYS:
+        known[catalogue.name] = pl.DataFrame(schema=_KEY_SCHEMA)
+    return known
+
+
+def _learn_keys(keys: pl.DataFrame, *, catalogue: Catalogue) -> pl.DataFrame:
+    """What the catalogue makes of each (name, labels) key on its own: each key is its own
+    page here, so no key shadows another; shadowing is decided per batch by `_catalogued`."""
+    exposed = pl.col("metric")
+    return (
+        catalogue_frame(
+            keys.lazy()
+            .with_row_index("key")
+            .with_columns(value=pl.lit(0.0), _exposed_labels=pl.col("labels")),
+            catalogue=catalogue,
+            page_by=["key"],
+        )
+        .select(
+            metric="exposed",
+            labels=pl.col("_exposed_labels"),
+            canonical_metric="metric",
+            canonical_labels="labels",
+            family="family",
+            signal="signal",
+            source="source",
+            disposition="disposition",
+        )
+        .collect()
+        .with_columns(
+            alias=exposed.is_in([e.exposed for e in catalogue.entries if e.alias]),
+            rescales=exposed.is_in([e.exposed for e in catalogue.entries if not _keeps_value(e)]),
+        )
+        .cast(_KEY_SCHEMA)
+    )
+
+
+def _catalogued(samples: pl.DataFrame, *, catalogue: Catalogue) -> pl.LazyFrame:
+    """`catalogue_frame` of a batch, with the name and label work done once per distinct
+    (name, labels) key and remembered across batches (this thread's, `_known_keys`): a
+    target exposes the same keys every scrape, and the replicas of a pool share them, so a
+    steady batch is one join. Exact: values still go through the catalogue wherever its
+    entry rescales, blanks or clamps them, and a batch where an old alias meets its current
+    name falls back to cataloguing every sample, since shadowing is decided page by page."""
+    cache = _known_keys(catalogue)
+    keyed = samples.join(cache[catalogue.name], on=_KEY, how="left")
+    unknown = keyed.filter(pl.col("disposition").is_null())
+    if unknown.height:
+        learnt = _learn_keys(unknown.select(_KEY).unique(), catalogue=catalogue)
+        cache[catalogue.name] = pl.concat([cache[catalogue.name], learnt], rechunk=True)
+        keyed = pl.concat(
+            [
+                keyed.filter(pl.col("disposition").is_not_null()),
+                unknown.select(samples.columns).join(learnt, on=_KEY, how="inner"),
+            ]
+        )
+    catalogued = pl.col("disposition") == Disposition.CATALOGUED.value
+    if keyed.get_column("alias").any():
+        twins = keyed.filter(catalogued).group_by("canonical_metric", "canonical_labels")
+        if twins.agg(pl.col("alias").n_unique() > 1).get_column("alias").any():
+            return catalogue_frame(samples.lazy(), catalogue=catalogue, page_by=["page"])
+    rescaled = keyed.get_column("rescales")
+    parts = [keyed.filter(~rescaled)]
+    if rescaled.any():
+        needs_values = keyed.filter(rescaled)
+        # catalogue_frame keeps row order, so its values line up with the rows given.
+        values = catalogue_frame(needs_values.select(samples.columns).lazy(), catalogue=catalogue)
+        parts.append(needs_values.with_columns(value=values.select("value").collect().to_series()))
+    return (
+        pl.concat(parts)
+        .lazy()
+        .select(
+            "page",
+            "timestamp_ms",
+            "value",
+            metric="canonical_metric",
+            labels="canonical_labels",
+            family="family",
+            signal="signal",
+            source="source",
+            disposition="disposition",
+        )
+    )
+
+
+def _keeps_value(entry: CatalogueEntry) -> bool:
+    return entry.scale == 1.0 and entry.blank_at is None and entry.clamp is None
 
 
 def _targets_frame(pages: Sequence[Page]) -> pl.DataFrame:

@@ -15,6 +15,7 @@ import itertools
 import json
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,7 +26,7 @@ import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collectors.otlp_json import DecodedRequest, decode_trace_request
-from collectors.otlp_protobuf import OtlpProtobufError, decode_trace_request_bytes
+from collectors.otlp_protobuf import MappedRequest, OtlpProtobufError, map_request_spans
 from collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
 from collectors.trace_ingest import Reject
 
@@ -55,6 +56,9 @@ class ExportOutcome:
     body: bytes
     rows: pl.DataFrame | None = None
     rejects: tuple[Reject, ...] = ()
+    # Of an accepted export: its body after decompression, and how many spans it held.
+    request_body: bytes | None = None
+    spans: int = 0
 
 
 def _error(status: int, message: str) -> ExportOutcome:
@@ -113,10 +117,11 @@ def _decompressed(body: bytes, content_encoding: str, *, limit: int) -> bytes:
     return inflated
 
 
-def _decoded(body: bytes, media: str) -> DecodedRequest:
+def _mapped(body: bytes, media: str, rows: RequestRows) -> MappedRequest:
+    """Decode the body and add its request spans to `rows`; refuse what cannot be decoded."""
     if media == PROTOBUF:
         try:
-            return decode_trace_request_bytes(body)
+            return map_request_spans(body, rows, source=SOURCE)
         except OtlpProtobufError as exc:
             raise _RefusedError(400, str(exc)) from exc
     if media == JSON:
@@ -125,11 +130,23 @@ def _decoded(body: bytes, media: str) -> DecodedRequest:
         except orjson.JSONDecodeError as exc:
             message = f"body is not valid JSON: {exc.msg} at column {exc.colno}"
             raise _RefusedError(400, message) from exc
-        decoded = decode_trace_request(doc)
-        if decoded.errors and decoded.errors[0].path in ("$", "resourceSpans"):
-            raise _RefusedError(400, str(decoded.errors[0]))
-        return decoded
+        return _map_decoded(decode_trace_request(doc), rows)
     raise _RefusedError(415, f"content type {media!r} is not supported; use {PROTOBUF} or {JSON}")
+
+
+def _map_decoded(decoded: DecodedRequest, rows: RequestRows) -> MappedRequest:
+    if decoded.errors and decoded.errors[0].path in ("$", "resourceSpans"):
+        raise _RefusedError(400, str(decoded.errors[0]))
+    result = MappedRequest(spans=len(decoded.spans), errors=decoded.errors)
+    for span in decoded.spans:
+        if not rows.is_request(span):
+            continue
+        result.request_spans += 1
+        try:
+            rows.add(span, source=SOURCE)
+        except SpanMappingError as exc:
+            result.unusable.append((span.span_id, str(exc)))
+    return result
 
 
 def handle_export(
@@ -143,24 +160,20 @@ def handle_export(
 ) -> ExportOutcome:
     """Decide the answer to one export request and the rows it contributes."""
     media = content_type.split(";", maxsplit=1)[0].strip().lower()
+    rows = RequestRows(mapping=config.mapping)
     try:
         _check_authorization(authorization, config)
         raw = _decompressed(body, content_encoding, limit=config.max_body_bytes)
-        decoded = _decoded(raw, media)
+        mapped = _mapped(raw, media, rows)
     except _RefusedError as refused:
         return _error(refused.status, str(refused))
 
     stamp = (received_ts or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     where = f"request {next(_request_numbers)} at {stamp}"
-    rejects = [Reject(SOURCE, f"{where} {e.path}", e.message) for e in decoded.errors]
-    rows = RequestRows(mapping=config.mapping)
-    for span in decoded.spans:
-        if not rows.is_request(span):
-            continue
-        try:
-            rows.add(span, source=SOURCE)
-        except SpanMappingError as exc:
-            rejects.append(Reject(SOURCE, f"{where} span {span.span_id}", str(exc)))
+    rejects = [Reject(SOURCE, f"{where} {e.path}", e.message) for e in mapped.errors]
+    rejects += [
+        Reject(SOURCE, f"{where} span {span_id}", message) for span_id, message in mapped.unusable
+    ]
     message = "; ".join(f"{r.location}: {r.message}" for r in rejects[:5])
     protobuf = media == PROTOBUF
     return ExportOutcome(
@@ -169,15 +182,25 @@ def handle_export(
         body=_response(protobuf=protobuf, rejected=len(rejects), message=message),
         rows=rows.to_frame(),
         rejects=tuple(rejects),
+        request_body=raw,
+        spans=mapped.spans,
     )
 
 
 class OtlpHttpReceiver:
     """A threaded HTTP server answering OTLP trace exports; `start()` and `stop()` it."""
 
-    def __init__(self, config: ReceiverConfig, sink: TraceBatchSink) -> None:
+    def __init__(
+        self,
+        config: ReceiverConfig,
+        sink: TraceBatchSink,
+        *,
+        on_accepted: Callable[[ExportOutcome], None] | None = None,
+    ) -> None:
+        """`on_accepted` sees every accepted export's outcome, body included (recording)."""
         self.config = config
         self.sink = sink
+        self.on_accepted = on_accepted
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -212,6 +235,8 @@ class OtlpHttpReceiver:
                 )
                 if outcome.rows is not None:
                     receiver.sink.submit(outcome.rows, list(outcome.rejects))
+                    if receiver.on_accepted is not None:
+                        receiver.on_accepted(outcome)
                 self._send(outcome)
 
             def do_GET(self) -> None:

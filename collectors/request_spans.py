@@ -109,25 +109,41 @@ def _count(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> int | None:
     return None
 
 
+def _plain_floats(values: list[AttrValue]) -> bool:
+    """All present and non-negative floats: the common case, which needs no further checks."""
+    try:
+        # min() fails on None and on mixed types; a negative float fails the comparison.
+        return min(values) >= 0.0 and set(map(type, values)) == _FLOAT_ONLY  # type: ignore[type-var, operator]
+    except TypeError:
+        return False
+
+
+_FLOAT_ONLY = {float}
+
+
 # Column order of the tuples RequestRows collects; must list REQUESTS_SCHEMA's columns.
 _ROW_COLUMNS = (
     "trace_id",
     "span_id",
     "request_id",
     *DIMENSIONS,
+    "emulated",
     "ok",
     "error_type",
     "prompt_tokens",
     "completion_tokens",
     *LATENCY_KEYS,
     "max_tokens",
-    "emulated",
     "source",
     "arrival_ts",
     "end_ts",
     "ingested_ts",
 )
 assert sorted(_ROW_COLUMNS) == sorted(REQUESTS_SCHEMA.names()), "request row layout drifted"
+_LATENCY_ATTRIBUTES = tuple(LATENCY_KEYS.values())
+_MAX_TOKENS_KEYS = ("gen_ai.request.max_tokens",)
+REQUEST_ID_KEY = "gen_ai.request.id"
+ERROR_TYPE_KEY = "error.type"
 
 
 @dataclass
@@ -141,8 +157,15 @@ class RequestRows:
         default_factory=dict
     )
 
+    _span_lookup_cache: dict[frozenset[str], tuple[tuple[int, tuple[str, ...]], ...]] = field(
+        default_factory=dict
+    )
+
     def __post_init__(self) -> None:
         self._span_level_keys = frozenset(k for keys in self.mapping.dimension_keys for k in keys)
+        self._dimension_lookups = tuple(
+            (index, keys, frozenset(keys)) for index, keys in enumerate(self.mapping.dimension_keys)
+        )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -150,69 +173,138 @@ class RequestRows:
     def is_request(self, span: Span) -> bool:
         return span.name == self.mapping.span_name
 
-    def _resource_dimensions(self, resource: Mapping[str, AttrValue]) -> tuple[object, ...]:
+    def attribute_kinds(self) -> dict[str, str]:
+        """Every span attribute the mapping reads, with the OTLP AnyValue field it should hold
+        (`string_value`, `int_value` or `double_value`); binary decoders read only these."""
+        kinds = dict.fromkeys(self._span_level_keys, "string_value")
+        kinds.update(dict.fromkeys(_LATENCY_ATTRIBUTES, "double_value"))
+        counts = (*PROMPT_TOKENS_KEYS, *COMPLETION_TOKENS_KEYS, *_MAX_TOKENS_KEYS)
+        kinds.update(dict.fromkeys(counts, "int_value"))
+        kinds[REQUEST_ID_KEY] = kinds[ERROR_TYPE_KEY] = "string_value"
+        return kinds
+
+    def resource_dimensions(self, resource: Mapping[str, AttrValue]) -> tuple[object, ...]:
+        """The resource's dimensions (DIMENSIONS order) and its emulated flag, for `add_request`."""
         cached = self._resource_cache.get(id(resource))
         if cached is not None and cached[0] is resource:
             return cached[1]
-        dims = tuple(_first(resource, keys) for keys in self.mapping.dimension_keys)
+        dims = (
+            *(_first(resource, keys) for keys in self.mapping.dimension_keys),
+            bool(resource.get(EMULATED_ATTRIBUTE, False)),
+        )
         self._resource_cache[id(resource)] = (resource, dims)
         return dims
 
     def add(self, span: Span, *, source: str) -> None:
         """Append one request span; raises SpanMappingError (and adds nothing) if it is unusable."""
-        attrs = span.attributes
-        latencies = tuple(_number(attrs, key) for key in LATENCY_KEYS.values())
+        self.add_request(
+            span.trace_id,
+            span.span_id,
+            start_ns=span.start_unix_ns,
+            end_ns=span.end_unix_ns,
+            status_code=span.status_code,
+            attrs=span.attributes,
+            resource_dimensions=self.resource_dimensions(span.resource),
+            source=source,
+        )
+
+    def add_request(
+        self,
+        trace_id: str,
+        span_id: str,
+        *,
+        start_ns: int,
+        end_ns: int,
+        status_code: int,
+        attrs: Mapping[str, AttrValue],
+        resource_dimensions: tuple[object, ...],
+        source: str,
+    ) -> None:
+        """`add` of a request span given by its parts, `resource_dimensions` from
+        `resource_dimensions(span.resource)`: binary decoders call it without building a Span."""
+        get = attrs.get
+        latencies = list(map(get, _LATENCY_ATTRIBUTES))
+        if not _plain_floats(latencies):
+            latencies = [_number(attrs, key) for key in _LATENCY_ATTRIBUTES]
         if latencies[0] is None or latencies[1] is None:  # ttft_s, e2e_s
             missing = LATENCY_KEYS["ttft_s" if latencies[0] is None else "e2e_s"]
             raise SpanMappingError(f"missing attribute {missing}")
-        prompt_tokens = _count(attrs, PROMPT_TOKENS_KEYS)
-        completion_tokens = _count(attrs, COMPLETION_TOKENS_KEYS)
+        # The legacy token names come first and are what vLLM sends: try them directly.
+        prompt_tokens = get(PROMPT_TOKENS_KEYS[0])
+        if type(prompt_tokens) is not int or prompt_tokens < 0:
+            prompt_tokens = _count(attrs, PROMPT_TOKENS_KEYS)
+        completion_tokens = get(COMPLETION_TOKENS_KEYS[0])
+        if type(completion_tokens) is not int or completion_tokens < 0:
+            completion_tokens = _count(attrs, COMPLETION_TOKENS_KEYS)
         if completion_tokens is None:
             raise SpanMappingError(f"missing attribute {COMPLETION_TOKENS_KEYS[0]}")
-        if span.start_unix_ns == 0:
+        if start_ns == 0:
             raise SpanMappingError("span has no start time (startTimeUnixNano is 0 or absent)")
-        if span.end_unix_ns < span.start_unix_ns:
+        if end_ns < start_ns:
             raise SpanMappingError("span ends before it starts")
-        dims = self._resource_dimensions(span.resource)
-        if not self._span_level_keys.isdisjoint(attrs):
+        max_tokens = get(_MAX_TOKENS_KEYS[0])
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
+            max_tokens = _count(attrs, _MAX_TOKENS_KEYS)
+        present = self._span_level_keys.intersection(attrs)
+        if present:
             # A gateway may set dimensions on the span itself; they win over the resource's.
-            dims = tuple(
-                _first(attrs, keys) or dim
-                for keys, dim in zip(self.mapping.dimension_keys, dims, strict=True)
-            )
-        error_type = attrs.get("error.type")
-        request_id = attrs.get("gen_ai.request.id")
+            dims = list(resource_dimensions)
+            for index, keys in self._span_dimension_lookups(present):
+                dims[index] = _first(attrs, keys) or dims[index]
+            resource_dimensions = tuple(dims)
+        error_type = get(ERROR_TYPE_KEY)
+        request_id = get(REQUEST_ID_KEY)
         self.rows.append(
             (
-                span.trace_id,
-                span.span_id,
-                None if request_id is None else str(request_id),
-                *dims,
-                span.status_code != STATUS_ERROR and error_type is None,
+                trace_id,
+                span_id,
+                request_id if request_id is None or type(request_id) is str else str(request_id),
+                *resource_dimensions,  # the six dimensions, then emulated
+                status_code != STATUS_ERROR and error_type is None,
                 None if error_type is None else str(error_type),
                 prompt_tokens,
                 completion_tokens,
                 *latencies,
-                _count(attrs, ("gen_ai.request.max_tokens",)),
-                bool(span.resource.get(EMULATED_ATTRIBUTE, False)),
+                max_tokens,
                 source,
-                span.start_unix_ns,
-                span.end_unix_ns,
+                start_ns,
+                end_ns,
                 None,  # ingested_ts: stamped by the store
             )
         )
 
+    def _span_dimension_lookups(
+        self, present: frozenset[str]
+    ) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """The dimensions whose keys include one of `present` (span attribute keys), cached:
+        spans of one deployment carry the same keys."""
+        found = self._span_lookup_cache.get(present)
+        if found is None:
+            found = tuple(
+                (index, keys)
+                for index, keys, key_set in self._dimension_lookups
+                if not key_set.isdisjoint(present)
+            )
+            self._span_lookup_cache[present] = found
+        return found
+
     def to_frame(self) -> pl.DataFrame:
         columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(_ROW_COLUMNS)
-        data: dict[str, Sequence[object] | pl.Series] = dict(
-            zip(_ROW_COLUMNS, columns, strict=True)
-        )
-        data["arrival_ts"] = _timestamps(data["arrival_ts"])
-        data["end_ts"] = _timestamps(data["end_ts"])
-        frame = pl.DataFrame(data, schema_overrides=REQUESTS_SCHEMA).select(REQUESTS_SCHEMA.names())
+        # One typed Series per column: cheaper than a frame built from the whole row set.
+        frame = pl.DataFrame(
+            [
+                _timestamps(name, column)
+                if name in _TIMESTAMP_COLUMNS
+                else pl.Series(name, column, dtype=REQUESTS_SCHEMA[name])
+                for name, column in zip(_ROW_COLUMNS, columns, strict=True)
+            ]
+        ).select(REQUESTS_SCHEMA.names())
         # One export may carry the same span twice (retries); keep the first.
         return frame.unique(subset=["trace_id", "span_id"], keep="first", maintain_order=True)
 
 
-def _timestamps(unix_ns: Sequence[object] | pl.Series) -> pl.Series:
-    return pl.Series(unix_ns, dtype=pl.Int64).cast(pl.Datetime("ns")).dt.cast_time_unit("us")
+_TIMESTAMP_COLUMNS = frozenset({"arrival_ts", "end_ts"})
+
+
+def _timestamps(name: str, unix_ns: Sequence[object]) -> pl.Series:
+    return pl.Series(name, unix_ns, dtype=pl.Int64).cast(pl.Datetime("ns")).dt.cast_time_unit("us")

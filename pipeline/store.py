@@ -7,12 +7,13 @@ Writes are idempotent: re-writing a row that is already there changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 import duckdb
 import polars as pl
@@ -20,7 +21,6 @@ import polars as pl
 from pipeline.tables import (
     ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
-    POINTS_SCHEMA,
     RECOMMENDATIONS_SCHEMA,
     REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
@@ -258,9 +258,269 @@ MIGRATIONS += (
     ),
 )
 
+# Migration 6 (superseded by 7 below): points stored in `points_ms` (millisecond timestamps, as
+# Prometheus keeps them) and rewritten block by block in (series_id, ts) order once a 2 h block
+# was closed; `points` stays the documented (series_id, ts TIMESTAMP, value) relation as a view.
+# Its SQL keeps its own 2 h literal: a released migration never changes.
+_V6_POINT_BLOCK_SQL = "INTERVAL 2 HOUR"
+
+MIGRATIONS += (
+    Migration(
+        version=6,
+        description="points stored as points_ms (TIMESTAMP_MS) in compacted 2 h blocks; "
+        "points is a view; point_blocks tracks blocks awaiting compaction",
+        statements=(
+            """
+            CREATE TABLE points_ms (
+                series_id INTEGER NOT NULL,
+                ts        TIMESTAMP_MS NOT NULL,
+                value     DOUBLE
+            )
+            """,
+            f"""
+            INSERT INTO points_ms
+            SELECT series_id, ts, value FROM points
+            ORDER BY time_bucket({_V6_POINT_BLOCK_SQL}, ts), series_id, ts
+            """,
+            "DROP TABLE points",
+            (
+                "CREATE VIEW points AS "
+                "SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_ms"
+            ),
+            """
+            CREATE TABLE point_blocks (
+                block_ts  TIMESTAMP PRIMARY KEY,
+                compacted BOOLEAN NOT NULL
+            )
+            """,
+            f"""
+            INSERT INTO point_blocks
+            SELECT DISTINCT CAST(time_bucket({_V6_POINT_BLOCK_SQL}, ts) AS TIMESTAMP), true
+            FROM points_ms
+            """,
+        ),
+    ),
+)
+
+# Migration 7 splits points into three tables, because DuckDB bit-packs a column in groups of
+# 2,048 values whose width is set by the group's widest delta, and in series order every series
+# boundary jumps a timestamp back by a whole block (23 bits a value in a 2 h block):
+# - `points_head`: points as written (series_id, ts TIMESTAMP_MS, value), until their block
+#   closes; small, and its deleted rows free blocks that the next head reuses.
+# - `point_instants`: each distinct (target, sample time) of a compacted block once, numbered
+#   consecutively per target within the block (all series of a target share its scrapes).
+# - `point_rows`: (series_id, instant, value) of compacted blocks, ordered by target, series,
+#   and time, alternating direction from one series to the next, so the instant column moves by
+#   +-1 along a series and by about 0 across a boundary: ~0.3 B a sample instead of ~3.1 B.
+# Blocks are 1 h: a block is compacted half a block after its end, so the head peaks at 1.5 h of
+# points, whose blocks are left free in the file when it empties; 2 h blocks compress ~0.1 B a
+# sample better but double that slack. docs/design-notes.md ("Points storage") has the
+# measurements.
+POINT_BLOCK = timedelta(hours=1)
+_POINT_BLOCK_SQL = "INTERVAL 1 HOUR"
+_POINT_BLOCK_TRUNCATE = "1h"
+
+# The statements below (re)write the rows of the temp table `compacting` (series_id, ts,
+# value), which the caller has already removed from wherever they were; they are shared by
+# `Store.compact_points` and migration 7. Instant ids continue after the highest in use, so a
+# block's instants are always one contiguous id range (reads and deletes use it).
+_COMPACT_STATEMENTS: tuple[str, ...] = (
+    f"""
+    CREATE OR REPLACE TEMP TABLE compacting_instants AS
+    SELECT (SELECT coalesce(max(instant), 0) FROM point_instants)
+               + row_number() OVER (ORDER BY block_ts, target_id, ts) AS instant,
+           block_ts, target_id, ts
+    FROM (
+        SELECT DISTINCT time_bucket({_POINT_BLOCK_SQL}, c.ts) AS block_ts, s.target_id, c.ts
+        FROM compacting c LEFT JOIN series s USING (series_id)
+    )
+    """,
+    "INSERT INTO point_instants SELECT instant, ts FROM compacting_instants ORDER BY instant",
+    """
+    INSERT INTO point_rows
+    SELECT series_id, instant, value FROM (
+        SELECT c.series_id, i.instant, c.value, i.block_ts, i.target_id,
+               dense_rank() OVER (PARTITION BY i.block_ts ORDER BY i.target_id, c.series_id)
+                   AS nth_series
+        FROM compacting c
+        LEFT JOIN series s USING (series_id)
+        JOIN compacting_instants i
+            ON i.target_id IS NOT DISTINCT FROM s.target_id AND i.ts = c.ts
+    )
+    ORDER BY block_ts, target_id, series_id,
+             CASE WHEN nth_series % 2 = 0 THEN -instant ELSE instant END
+    """,
+    "DROP TABLE compacting_instants",
+    "DROP TABLE compacting",
+)
+
+_POINTS_VIEW_SQL = """
+    CREATE VIEW points AS
+    SELECT p.series_id, CAST(i.ts AS TIMESTAMP) AS ts, p.value
+    FROM point_rows p JOIN point_instants i USING (instant)
+    UNION ALL
+    SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head
+"""
+
+MIGRATIONS += (
+    Migration(
+        version=7,
+        description="points split into points_head (open blocks), point_instants (shared "
+        "sample times) and point_rows (compacted blocks); points is a view over them",
+        statements=(
+            """
+            CREATE TABLE points_head (
+                series_id INTEGER NOT NULL,
+                ts        TIMESTAMP_MS NOT NULL,
+                value     DOUBLE
+            )
+            """,
+            """
+            CREATE TABLE point_instants (
+                instant BIGINT NOT NULL,
+                ts      TIMESTAMP_MS NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE point_rows (
+                series_id INTEGER NOT NULL,
+                instant   BIGINT NOT NULL,
+                value     DOUBLE
+            )
+            """,
+            # Every stored point is compacted now, the open block too: a later point for it
+            # reopens the block (`Store._compact_block` merges both).
+            "CREATE TEMP TABLE compacting AS SELECT series_id, ts, value FROM points_ms",
+            *_COMPACT_STATEMENTS,
+            # point_blocks listed 2 h blocks; now 1 h ones, all compacted.
+            "DELETE FROM point_blocks",
+            f"""
+            INSERT INTO point_blocks
+            SELECT DISTINCT CAST(time_bucket({_POINT_BLOCK_SQL}, ts) AS TIMESTAMP), true
+            FROM point_instants
+            """,
+            "DROP VIEW points",
+            "DROP TABLE points_ms",
+            _POINTS_VIEW_SQL,
+        ),
+    ),
+)
+
 LATEST_VERSION = MIGRATIONS[-1].version
 
+# TPOT as `pipeline.request_sli.with_tpot` defines it: decode time per output token after the
+# first (e2e - TTFT where the span lacks the decode time); null for single-token outputs.
+_TPOT_SQL = (
+    "(CASE WHEN completion_tokens > 1 "
+    "THEN coalesce(decode_s, e2e_s - ttft_s) / (completion_tokens - 1) END)"
+)
+
+
+class GoodEventLimits(Protocol):
+    """What the store needs of an SLO's good-event criterion
+    (`pipeline.request_minutes.EventCriterion`): inclusive limits, None when unconstrained."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ttft_limit_s(self) -> float | None: ...
+    @property
+    def tpot_limit_s(self) -> float | None: ...
+    @property
+    def e2e_limit_s(self) -> float | None: ...
+
+
 _ROLLUP_SCHEMAS = {"request_minutes": REQUEST_MINUTES_SCHEMA, "slo_minutes": SLO_MINUTES_SCHEMA}
+
+_SERIES_KEY = ["target_id", "metric", "labels"]
+# The stored form of points in `points_head`; reads give `POINTS_SCHEMA` (microsecond
+# timestamps).
+_POINTS_HEAD_SCHEMA = pl.Schema(
+    {"series_id": pl.Int32(), "ts": pl.Datetime("ms"), "value": pl.Float64()}
+)
+_SERIES_IDS_SCHEMA = pl.Schema(
+    {
+        "target_id": pl.String(),
+        "metric": pl.String(),
+        "labels": pl.String(),
+        "series_id": pl.Int32(),
+    }
+)
+
+
+@dataclass
+class _WrittenKeys:
+    """What the write path knows of the keys stored, so that a steady batch need not ask
+    the tables: targets as stored, each target's latest scrape time, each target's series
+    ids (and the highest id), the blocks awaiting compaction. None: not read yet; each is
+    read from its table when first needed. Changed only after a commit, so a rolled-back
+    batch leaves it as the tables are. Valid while this Store is the only writer of its file
+    (DuckDB locks a file to one process; within one, `write_scrapes` is the only writer of
+    scrapes and series); should another connection write anyway, the tables' keys still
+    refuse a duplicate, and `write_scrapes` then reads them again and retries once."""
+
+    targets: dict[str, tuple[object, ...]] | None = None
+    latest_scrape: dict[str, datetime] | None = None
+    series: dict[str, pl.DataFrame] | None = None
+    max_series_id: int = 0
+    open_blocks: set[datetime] | None = None
+
+    def committed(self, scrapes: pl.DataFrame, series: pl.DataFrame, blocks: set[datetime]) -> None:
+        if self.latest_scrape is not None:
+            # A row a page: few enough for Python, which costs less here than a group-by.
+            for target, ts in scrapes.select("target_id", "ts").iter_rows():
+                known = self.latest_scrape.get(target)
+                self.latest_scrape[target] = ts if known is None else max(known, ts)
+        if self.series is not None and series.height:
+            ids = series.select(_SERIES_IDS_SCHEMA.names())
+            for (target,), part in ids.partition_by("target_id", as_dict=True).items():
+                known_ids = self.series.get(str(target))
+                self.series[str(target)] = (
+                    part if known_ids is None else pl.concat([known_ids, part], rechunk=True)
+                )
+            self.max_series_id = max(self.max_series_id, _max_id(ids))
+        if self.open_blocks is not None:
+            self.open_blocks |= blocks
+
+    def compacted(self, block_ts: datetime) -> None:
+        if self.open_blocks is not None:
+            self.open_blocks.discard(block_ts)
+
+
+def _blocks_of(ts: pl.Series) -> set[datetime]:
+    """The blocks (start times) that points at `ts` fall in."""
+    ends = ts.dt.truncate(_POINT_BLOCK_TRUNCATE).dt.cast_time_unit("us")
+    first, last = ends.min(), ends.max()
+    if first is None:
+        return set()
+    if first == last:  # the common batch: one block, found without a unique()
+        assert isinstance(first, datetime)
+        return {first}
+    return set(ends.unique().to_list())
+
+
+def _max_id(ids: pl.DataFrame) -> int:
+    return int(ids.select(pl.col("series_id").max().fill_null(0)).item())
+
+
+def _merged(
+    stored: object, incoming: object, pick: Callable[[datetime, datetime], datetime]
+) -> object:
+    """A seen time merged as the targets upsert does (least / greatest, ignoring nulls)."""
+    if isinstance(stored, datetime) and isinstance(incoming, datetime):
+        return pick(stored, incoming)
+    return incoming if stored is None else stored
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    """Blocks of points rewritten in series order, and the points they held."""
+
+    blocks: int = 0
+    points: int = 0
+
+    def plus(self, other: CompactionReport) -> CompactionReport:
+        return CompactionReport(self.blocks + other.blocks, self.points + other.points)
 
 
 def _column_list(schema: pl.Schema) -> str:
@@ -274,6 +534,7 @@ class Store:
         self._con = connection
         self.path = path
         self._clock = clock
+        self._written = _WrittenKeys()
 
     @classmethod
     def open(cls, path: Path | str, *, clock: Clock = utc_now) -> Self:
@@ -375,10 +636,26 @@ class Store:
         what arrived since they last ran. Returns how many rows were new.
         """
         _check_schema("requests", frame, REQUESTS_SCHEMA)
+        if frame.height == 0:
+            return 0
         stamped = frame.with_columns(
             pl.col("ingested_ts").fill_null(pl.lit(self._clock(), dtype=pl.Datetime("us")))
-        )
-        return self._insert_new("requests", stamped, REQUESTS_SCHEMA)
+        ).to_arrow()
+        columns = _column_list(REQUESTS_SCHEMA)
+        select = f"INSERT INTO requests ({columns}) SELECT {columns} FROM incoming_requests"
+        self._con.register("incoming_requests", stamped)
+        try:
+            # Duplicates are rare (export retries, re-ingest), and a plain insert into the
+            # primary key is about twice as fast as ON CONFLICT: try it first. A violation
+            # rolls the whole statement back, and the deduplicating insert does the batch.
+            try:
+                inserted = self._con.execute(select).fetchall()
+            except duckdb.ConstraintException:
+                inserted = self._con.execute(f"{select} ON CONFLICT DO NOTHING").fetchall()
+        finally:
+            self._con.unregister("incoming_requests")
+        # An INSERT answers with the number of rows it stored.
+        return int(inserted[0][0])
 
     def read_requests(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
@@ -391,103 +668,319 @@ class Store:
     # -- targets, scrapes and samples ---------------------------------------------------------
 
     def write_targets(self, frame: pl.DataFrame) -> None:
-        """Insert or update targets; first_seen_ts keeps the earliest, last_seen_ts the latest."""
+        """Insert or update targets; first_seen_ts keeps the earliest, last_seen_ts the latest.
+
+        A scrape round re-sends every target it scraped; targets whose row would not change
+        are not written again, and targets known with the same attributes only get their
+        seen times moved (an UPDATE, cheaper in DuckDB than an upsert)."""
         _check_schema("targets", frame, TARGETS_SCHEMA)
+        self._write_targets(frame)
+
+    def _write_targets(self, frame: pl.DataFrame) -> None:
         if frame.height == 0:
             return
-        self._con.register("incoming_targets", frame.to_arrow())
-        try:
-            self._con.execute(
-                f"""
-                INSERT INTO targets ({_column_list(TARGETS_SCHEMA)})
-                SELECT {_column_list(TARGETS_SCHEMA)} FROM incoming_targets
-                ON CONFLICT (target_id) DO UPDATE SET
-                    kind = excluded.kind, url = excluded.url, replica = excluded.replica,
-                    host = excluded.host, zone = excluded.zone, model = excluded.model,
-                    pool = excluded.pool, gpus = excluded.gpus,
-                    first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
-                    last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
-                """
+        stored = self._stored_targets()
+        moved: list[tuple[object, ...]] = []
+        upserted: list[tuple[object, ...]] = []
+        for row in frame.iter_rows():
+            known = stored.get(row[0])
+            if known is None or known[:-2] != row[:-2]:
+                upserted.append(row)
+                continue
+            first = _merged(known[-2], row[-2], min)
+            last = _merged(known[-1], row[-1], max)
+            if (first, last) != known[-2:]:
+                moved.append((*known[:-2], first, last))
+        if upserted:
+            self._con.register(
+                "incoming_targets", pl.DataFrame(upserted, TARGETS_SCHEMA, orient="row").to_arrow()
             )
-        finally:
-            self._con.unregister("incoming_targets")
+            try:
+                self._con.execute(
+                    f"""
+                    INSERT INTO targets ({_column_list(TARGETS_SCHEMA)})
+                    SELECT {_column_list(TARGETS_SCHEMA)} FROM incoming_targets
+                    ON CONFLICT (target_id) DO UPDATE SET
+                        kind = excluded.kind, url = excluded.url, replica = excluded.replica,
+                        host = excluded.host, zone = excluded.zone, model = excluded.model,
+                        pool = excluded.pool, gpus = excluded.gpus,
+                        first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
+                        last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
+                    """
+                )
+            finally:
+                self._con.unregister("incoming_targets")
+        if moved:
+            self._from_frame(
+                "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
+                "last_seen_ts = m.last_seen_ts FROM incoming_frame m "
+                "WHERE targets.target_id = m.target_id",
+                pl.DataFrame(moved, TARGETS_SCHEMA, orient="row"),
+            )
+        if upserted:
+            self._written.targets = None  # the upsert merged rows in SQL: read them when needed
+        else:
+            stored.update((str(row[0]), row) for row in moved)
 
-    def write_scrapes(self, scrapes: pl.DataFrame, samples: pl.DataFrame) -> tuple[int, int]:
+    def _stored_targets(self) -> dict[str, tuple[object, ...]]:
+        if self._written.targets is None:
+            rows = self._con.execute(
+                f"SELECT {_column_list(TARGETS_SCHEMA)} FROM targets"
+            ).fetchall()
+            self._written.targets = {row[0]: tuple(row) for row in rows}
+        return self._written.targets
+
+    def write_scrapes(
+        self,
+        scrapes: pl.DataFrame,
+        samples: pl.DataFrame,
+        *,
+        targets: pl.DataFrame | None = None,
+    ) -> tuple[int, int]:
         """Record scrapes and their samples; a scrape already stored (same target and time) is
-        skipped with its samples, so replaying a recording twice changes nothing.
+        skipped with its samples, so replaying a recording twice changes nothing. `targets`,
+        if given, are written as `write_targets` does, in the same transaction.
 
-        New (target, metric, labels) combinations get the next integer series ids. Points are
-        written ordered by series and time, which is what DuckDB compresses best.
-        Returns (new scrapes, new points).
+        New (target, metric, labels) combinations get the next integer series ids. Points
+        arrive in DuckDB as plain integer and float columns, ordered by series and time;
+        blocks that closed meanwhile are then compacted (`compact_points`). Returns (new
+        scrapes, new points).
+
+        Cost: a batch in the steady state (known targets and series, scrapes newer than any
+        stored for their target, blocks already awaiting compaction) is one transaction of
+        an UPDATE of the targets' seen times and two INSERTs, scrapes and points: which
+        scrapes are new, the series ids and the open blocks are answered from what this
+        store has written (`_WrittenKeys`), and only a batch that those cannot vouch for (a
+        replayed or late scrape) asks the tables.
         """
         _check_schema("scrapes", scrapes, SCRAPES_SCHEMA)
         _check_schema("samples", samples, SAMPLES_SCHEMA)
+        if targets is None:
+            targets = pl.DataFrame(schema=TARGETS_SCHEMA)
+        _check_schema("targets", targets, TARGETS_SCHEMA)
         if scrapes.height == 0:
+            self._write_targets(targets)
             return (0, 0)
-        scrapes_before, points_before = self.count("scrapes"), self.count("points")
-        self._con.register("incoming_scrapes", scrapes.to_arrow())
-        self._con.register("incoming_samples", samples.to_arrow())
+        return self._write_scrapes(scrapes, samples, targets, retry=True)
+
+    def _write_scrapes(
+        self, scrapes: pl.DataFrame, samples: pl.DataFrame, targets: pl.DataFrame, *, retry: bool
+    ) -> tuple[int, int]:
+        new_scrapes = self._new_scrapes(scrapes)
+        new_samples = samples.join(
+            new_scrapes.select("target_id", scrape_ts="ts"),
+            on=["target_id", "scrape_ts"],
+            how="semi",
+        )
+        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
+        keyed = new_samples.join(known, on=_SERIES_KEY, how="left")
+        new_series = self._new_series(keyed)
+        if new_series.height:
+            keyed = pl.concat(
+                [
+                    keyed.filter(pl.col("series_id").is_not_null()),
+                    keyed.filter(pl.col("series_id").is_null())
+                    .drop("series_id")
+                    .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
+                ]
+            )
+        points = keyed.select(
+            "series_id", ts=pl.col("ts").dt.cast_time_unit("ms"), value="value"
+        ).sort("series_id", "ts")
+        blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
         self._con.execute("BEGIN TRANSACTION")
         try:
-            self._con.execute(
-                """
-                CREATE OR REPLACE TEMP TABLE new_scrapes AS
-                SELECT DISTINCT ON (target_id, ts) * FROM incoming_scrapes s
-                WHERE NOT EXISTS (
-                    SELECT 1 FROM scrapes e WHERE e.target_id = s.target_id AND e.ts = s.ts
-                )
-                """
-            )
-            self._con.execute(
-                f"INSERT INTO scrapes SELECT {_column_list(SCRAPES_SCHEMA)} FROM new_scrapes"
-            )
-            self._con.execute(
-                """
-                CREATE OR REPLACE TEMP TABLE new_samples AS
-                SELECT i.* FROM incoming_samples i
-                JOIN new_scrapes n ON i.target_id = n.target_id AND i.scrape_ts = n.ts
-                """
-            )
-            self._con.execute(
-                """
-                INSERT INTO series (series_id, target_id, signal, metric, labels, source)
-                SELECT (SELECT coalesce(max(series_id), 0) FROM series)
-                           + row_number() OVER (ORDER BY target_id, metric, labels),
-                       target_id, signal, metric, labels, source
-                FROM (
-                    SELECT target_id, metric, labels, any_value(signal) AS signal,
-                           any_value(source) AS source
-                    FROM new_samples n
-                    WHERE NOT EXISTS (
-                        SELECT 1 FROM series s WHERE s.target_id = n.target_id
-                        AND s.metric = n.metric AND s.labels = n.labels
-                    )
-                    GROUP BY target_id, metric, labels
-                )
-                """
-            )
-            self._con.execute(
-                """
-                INSERT INTO points (series_id, ts, value)
-                SELECT s.series_id, n.ts, n.value
-                FROM new_samples n
-                JOIN series s ON s.target_id = n.target_id AND s.metric = n.metric
-                    AND s.labels = n.labels
-                ORDER BY s.series_id, n.ts
-                """
-            )
-            self._con.execute("DROP TABLE new_samples")
-            self._con.execute("DROP TABLE new_scrapes")
+            self._write_targets(targets)
+            self._append("scrapes", new_scrapes, SCRAPES_SCHEMA)
+            self._append("series", new_series, SERIES_SCHEMA)
+            self._append("points_head", points, _POINTS_HEAD_SCHEMA)
+            self._mark_blocks(blocks)
             self._con.execute("COMMIT")
         except duckdb.Error as exc:
             self._con.execute("ROLLBACK")
+            self._written = _WrittenKeys()  # some of it may have been learnt in the transaction
+            if retry and isinstance(exc, duckdb.ConstraintException):
+                # Keys written by another connection: what was known is read again.
+                return self._write_scrapes(scrapes, samples, targets, retry=False)
             raise StoreError(
                 f"writing {scrapes.height} scrapes to {self.path} failed: {exc}"
             ) from exc
+        self._written.committed(new_scrapes, new_series, blocks)
+        if points.height:
+            latest = points.get_column("ts").max()
+            assert isinstance(latest, datetime)
+            before = latest - POINT_BLOCK / 2
+            if any(block + POINT_BLOCK <= before for block in self._open_blocks()):
+                self.compact_points(before=before)
+        return (new_scrapes.height, points.height)
+
+    def _new_scrapes(self, scrapes: pl.DataFrame) -> pl.DataFrame:
+        """The scrapes of the batch not stored yet, each (target, time) once. A scrape later
+        than any stored for its target is new; only the others are looked up."""
+        keys = scrapes.select("target_id", "ts").rows()  # a row a page: few
+        unique = scrapes
+        if len(set(keys)) < len(keys):
+            unique = scrapes.unique(["target_id", "ts"], keep="first", maintain_order=True)
+            keys = unique.select("target_id", "ts").rows()
+        latest = self._latest_scrapes()
+        later = [ts > latest[target] if target in latest else True for target, ts in keys]
+        if all(later):
+            return unique
+        doubtful = unique.filter(~pl.Series(later)).select("target_id", "ts")
+        self._con.register("incoming_scrapes", doubtful.to_arrow())
+        try:
+            stored: pl.DataFrame = self._con.sql(
+                "SELECT s.target_id, s.ts FROM incoming_scrapes s "
+                "JOIN scrapes e ON e.target_id = s.target_id AND e.ts = s.ts"
+            ).pl()
         finally:
             self._con.unregister("incoming_scrapes")
-            self._con.unregister("incoming_samples")
-        return (self.count("scrapes") - scrapes_before, self.count("points") - points_before)
+        if stored.height == 0:
+            return unique
+        return unique.join(stored, on=["target_id", "ts"], how="anti", maintain_order="left")
+
+    def _latest_scrapes(self) -> dict[str, datetime]:
+        if self._written.latest_scrape is None:
+            rows = self._con.execute(
+                "SELECT target_id, max(ts) FROM scrapes GROUP BY target_id"
+            ).fetchall()
+            self._written.latest_scrape = dict(rows)
+        return self._written.latest_scrape
+
+    def _known_series(self, targets: list[str]) -> pl.DataFrame:
+        """(target_id, metric, labels, series_id) of the stored series of `targets`."""
+        if self._written.series is None:
+            stored: pl.DataFrame = self._con.sql(
+                "SELECT target_id, metric, labels, series_id FROM series"
+            ).pl()
+            self._written.series = {
+                str(key[0]): part.rechunk()
+                for key, part in stored.partition_by(
+                    "target_id", as_dict=True, maintain_order=False
+                ).items()
+            }
+            self._written.max_series_id = _max_id(stored)
+        parts = [self._written.series[t] for t in targets if t in self._written.series]
+        if not parts:
+            return pl.DataFrame(schema=_SERIES_IDS_SCHEMA)
+        return pl.concat(parts, rechunk=False)
+
+    def _new_series(self, keyed: pl.DataFrame) -> pl.DataFrame:
+        """Series rows for the keys of `keyed` without a series id, numbered after the
+        highest id in use in (target, metric, labels) order."""
+        if keyed.get_column("series_id").null_count() == 0:
+            return pl.DataFrame(schema=SERIES_SCHEMA)
+        return (
+            keyed.filter(pl.col("series_id").is_null())
+            .group_by(_SERIES_KEY)
+            .agg(pl.col("signal").first(), pl.col("source").first())
+            .sort(_SERIES_KEY)
+            .with_row_index("series_id", offset=self._written.max_series_id + 1)
+            .select(SERIES_SCHEMA.names())
+            .cast(SERIES_SCHEMA)
+        )
+
+    def _append(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
+        if frame.height == 0:
+            return
+        self._from_frame(
+            f"INSERT INTO {table} ({_column_list(schema)}) "
+            f"SELECT {_column_list(schema)} FROM incoming_frame",
+            frame.select(schema.names()),
+        )
+
+    def _from_frame(self, sql: str, frame: pl.DataFrame) -> None:
+        """Run `sql`, which reads `frame` as `incoming_frame`: DuckDB finds this local Arrow
+        table by its name (a replacement scan), which spares the catalogue change, and its
+        cost of about a millisecond a statement, that registering a view makes."""
+        incoming_frame = frame.to_arrow()  # noqa: F841 (read by name in `sql`)
+        self._con.execute(sql)
+
+    def _open_blocks(self) -> set[datetime]:
+        """Blocks awaiting compaction (start times)."""
+        if self._written.open_blocks is None:
+            rows = self._con.execute(
+                "SELECT block_ts FROM point_blocks WHERE NOT compacted"
+            ).fetchall()
+            self._written.open_blocks = {row[0] for row in rows}
+        return self._written.open_blocks
+
+    def _mark_blocks(self, blocks: set[datetime]) -> None:
+        """Flag blocks that received points as awaiting compaction."""
+        if not blocks:
+            return
+        touched = pl.DataFrame({"block_ts": sorted(blocks)}, schema={"block_ts": pl.Datetime("us")})
+        self._con.register("touched_blocks", touched.to_arrow())
+        try:
+            self._con.execute(
+                "INSERT INTO point_blocks SELECT block_ts, false FROM touched_blocks "
+                "ON CONFLICT (block_ts) DO UPDATE SET compacted = false"
+            )
+        finally:
+            self._con.unregister("touched_blocks")
+
+    def compact_points(self, *, before: datetime) -> CompactionReport:
+        """Move every block of points that received writes and ends at or before `before` from
+        `points_head` into `point_instants` and `point_rows` (see `_COMPACT_STATEMENTS`), as
+        Prometheus compacts its head into blocks: a series' instants then form a +-1 run and
+        its values a run DuckDB's codecs compress well. One transaction a block, so a crash
+        leaves each block either as it was or compacted. Called by `write_scrapes` for blocks
+        half a block behind the newest point; call it with a later `before` to compact the head
+        too (e.g. before a backup)."""
+        rows = self._con.execute(
+            "SELECT block_ts FROM point_blocks WHERE NOT compacted AND block_ts + "
+            f"{_POINT_BLOCK_SQL} <= ? ORDER BY block_ts",
+            [before],
+        ).fetchall()
+        report = CompactionReport()
+        for (block_ts,) in rows:
+            report = report.plus(self._compact_block(block_ts))
+        return report
+
+    def _compact_block(self, block_ts: datetime) -> CompactionReport:
+        bounds = [block_ts, block_ts + POINT_BLOCK]
+        where = "ts >= CAST(? AS TIMESTAMP_MS) AND ts < CAST(? AS TIMESTAMP_MS)"
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            self._con.execute(
+                "CREATE OR REPLACE TEMP TABLE compacting AS "
+                f"SELECT series_id, ts, value FROM points_head WHERE {where}",
+                bounds,
+            )
+            # A block compacted before and reopened by late points: its compacted rows are
+            # merged with the late ones and the block is written again.
+            first, last = self._con.execute(
+                f"SELECT min(instant), max(instant) FROM point_instants WHERE {where}", bounds
+            ).fetchall()[0]
+            if first is not None:
+                self._con.execute(
+                    "INSERT INTO compacting "
+                    "SELECT p.series_id, i.ts, p.value FROM point_rows p "
+                    "JOIN point_instants i USING (instant) WHERE p.instant BETWEEN ? AND ?",
+                    [first, last],
+                )
+                self._con.execute(
+                    "DELETE FROM point_rows WHERE instant BETWEEN ? AND ?", [first, last]
+                )
+                self._con.execute(
+                    "DELETE FROM point_instants WHERE instant BETWEEN ? AND ?", [first, last]
+                )
+            moved = self._scalar("SELECT count(*) FROM compacting")
+            self._con.execute(f"DELETE FROM points_head WHERE {where}", bounds)
+            for statement in _COMPACT_STATEMENTS:
+                self._con.execute(statement)
+            self._con.execute(
+                "UPDATE point_blocks SET compacted = true WHERE block_ts = ?", [block_ts]
+            )
+            self._con.execute("COMMIT")
+            self._written.compacted(block_ts)
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            raise StoreError(
+                f"compacting the points of {block_ts.isoformat()}Z (+{POINT_BLOCK}) in "
+                f"{self.path} failed: {exc}"
+            ) from exc
+        return CompactionReport(blocks=1, points=moved)
 
     def count_unknown_families(self, frame: pl.DataFrame) -> None:
         """Add to the per-target tally of sample families no catalogue knows."""
@@ -517,7 +1010,10 @@ class Store:
 
     def points_range(self) -> tuple[datetime, datetime] | None:
         """First and last sample time stored, or None without points."""
-        rows = self._con.execute("SELECT min(ts), max(ts) FROM points").fetchall()
+        rows = self._con.execute(
+            "SELECT CAST(min(ts) AS TIMESTAMP), CAST(max(ts) AS TIMESTAMP) FROM ("
+            "SELECT ts FROM point_instants UNION ALL SELECT ts FROM points_head)"
+        ).fetchall()
         first, last = rows[0]
         return None if first is None else (first, last)
 
@@ -525,7 +1021,27 @@ class Store:
         """Retention: delete raw points older than `cutoff`; rollups are kept. Returns rows
         deleted."""
         before = self.count("points")
-        self._con.execute("DELETE FROM points WHERE ts < ?", [cutoff])
+        older = "ts < CAST(? AS TIMESTAMP_MS)"
+        at = [_ms_ceiling(cutoff)]
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            self._con.execute(f"DELETE FROM points_head WHERE {older}", at)
+            self._con.execute(
+                "DELETE FROM point_rows WHERE instant IN "
+                f"(SELECT instant FROM point_instants WHERE {older})",
+                at,
+            )
+            self._con.execute(f"DELETE FROM point_instants WHERE {older}", at)
+            self._con.execute(
+                f"DELETE FROM point_blocks WHERE block_ts + {_POINT_BLOCK_SQL} <= ?", [cutoff]
+            )
+            self._con.execute("COMMIT")
+            self._written.open_blocks = None  # read again when next needed
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            raise StoreError(
+                f"dropping points before {cutoff} in {self.path} failed: {exc}"
+            ) from exc
         return before - self.count("points")
 
     def read_targets(self) -> pl.LazyFrame:
@@ -545,9 +1061,28 @@ class Store:
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
     ) -> pl.LazyFrame:
         """Points in [from_ts, to_ts), ordered by series and time."""
-        clauses, params = _window_clauses("ts", from_ts, to_ts)
-        sql = f"SELECT {_column_list(POINTS_SCHEMA)} FROM points{clauses} ORDER BY series_id, ts"
-        return self._read(sql, params)
+        # Stored times are whole milliseconds, so `ts >= t` is `ts >= t rounded up to a
+        # millisecond`; comparing in the stored type lets DuckDB skip blocks by min/max.
+        clauses, params = _window_clauses(
+            "ts",
+            None if from_ts is None else _ms_ceiling(from_ts),
+            None if to_ts is None else _ms_ceiling(to_ts),
+            cast="TIMESTAMP_MS",
+        )
+        # The window picks instants first; a compacted block's instants are one contiguous id
+        # range, so bounding point_rows by the picked ids lets DuckDB skip other blocks' row
+        # groups by their min/max.
+        sql = f"""
+            WITH picked AS (SELECT instant, ts FROM point_instants{clauses})
+            SELECT p.series_id, CAST(i.ts AS TIMESTAMP) AS ts, p.value
+            FROM point_rows p JOIN picked i USING (instant)
+            WHERE p.instant BETWEEN (SELECT min(instant) FROM picked)
+                                AND (SELECT max(instant) FROM picked)
+            UNION ALL
+            SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head{clauses}
+            ORDER BY series_id, ts
+        """
+        return self._read(sql, params + params)
 
     # -- rollups ------------------------------------------------------------------------------
 
@@ -581,6 +1116,105 @@ class Store:
         finally:
             self._con.unregister("wanted_minutes")
 
+    def aggregate_request_minutes(self, minutes: Sequence[datetime] | None) -> pl.LazyFrame:
+        """`pipeline.request_minutes.request_minutes` of the requests that finished in the given
+        minutes (all when None), computed inside DuckDB: a day's requests never leave the
+        database, only their per-minute rows do. Columns of `REQUEST_MINUTES_SCHEMA`."""
+        latency = ", ".join(
+            f"quantile_cont({column}, [0.5, 0.95, 0.99]) FILTER (WHERE ok) AS {stem}_q"
+            for column, stem in (("ttft_s", "ttft"), (_TPOT_SQL, "tpot"), ("e2e_s", "e2e"))
+        )
+        picked = ", ".join(
+            f"{stem}_q[{i}] AS {stem}_p{p}_s"
+            for stem in ("ttft", "tpot", "e2e")
+            for i, p in enumerate((50, 95, 99), start=1)
+        )
+        with self._wanted_minutes(minutes) as (where, params):
+            sql = f"""
+                SELECT replica, minute_ts, requests, failed_requests, prompt_tokens,
+                       completion_tokens, {picked}
+                FROM (
+                    SELECT replica, date_trunc('minute', end_ts) AS minute_ts,
+                        count(*) AS requests,
+                        count(*) FILTER (WHERE NOT ok) AS failed_requests,
+                        coalesce(sum(prompt_tokens) FILTER (WHERE ok), 0)::BIGINT
+                            AS prompt_tokens,
+                        coalesce(sum(completion_tokens) FILTER (WHERE ok), 0)::BIGINT
+                            AS completion_tokens,
+                        {latency}
+                    FROM requests{where}
+                    GROUP BY ALL
+                )
+                ORDER BY minute_ts, replica NULLS LAST
+            """
+            frame: pl.DataFrame = self._con.sql(sql, params=params).pl()
+        return frame.lazy().cast(REQUEST_MINUTES_SCHEMA)
+
+    def aggregate_slo_minutes(
+        self, minutes: Sequence[datetime] | None, *, criteria: Sequence[GoodEventLimits]
+    ) -> pl.LazyFrame:
+        """`pipeline.request_minutes.slo_minutes` of the requests that finished in the given
+        minutes (all when None), computed inside DuckDB in one pass for every criterion.
+        Columns of `SLO_MINUTES_SCHEMA`, in minute order (what the table's zone maps want)."""
+        if not criteria:
+            return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
+        goods: list[str] = []
+        limit_params: list[object] = []
+        for index, criterion in enumerate(criteria):
+            condition = "ok"
+            for column, limit in (
+                ("ttft_s", criterion.ttft_limit_s),
+                (f"coalesce({_TPOT_SQL}, 0)", criterion.tpot_limit_s),
+                ("e2e_s", criterion.e2e_limit_s),
+            ):
+                if limit is not None:
+                    condition += f" AND {column} <= ?"
+                    limit_params.append(float(limit))
+            goods.append(f"count(*) FILTER (WHERE {condition}) AS good_{index}")
+        per_slo = " UNION ALL ".join(
+            f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
+            "pool, model, tenant FROM grouped"
+            for index in range(len(criteria))
+        )
+        with self._wanted_minutes(minutes) as (where, params):
+            sql = f"""
+                WITH grouped AS (
+                    SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
+                           tenant, count(*) AS total, {", ".join(goods)}
+                    FROM requests{where}
+                    GROUP BY ALL
+                )
+                SELECT * FROM ({per_slo})
+                ORDER BY minute_ts
+            """
+            names = [criterion.name for criterion in criteria]
+            frame: pl.DataFrame = self._con.sql(sql, params=[*limit_params, *params, *names]).pl()
+        return frame.lazy().select(SLO_MINUTES_SCHEMA.names()).cast(SLO_MINUTES_SCHEMA)
+
+    @contextmanager
+    def _wanted_minutes(
+        self, minutes: Sequence[datetime] | None
+    ) -> Iterator[tuple[str, list[object]]]:
+        """A WHERE clause selecting requests that finished in `minutes` (all when None). The
+        range on end_ts lets DuckDB skip row groups by their min/max (requests are stored
+        roughly in completion order), so recomputing a few minutes does not scan history."""
+        if minutes is None:
+            yield "", []
+            return
+        if not minutes:
+            yield " WHERE false", []
+            return
+        wanted = pl.DataFrame({"m": list(minutes)}, schema={"m": pl.Datetime("us")})
+        self._con.register("wanted_minutes", wanted.to_arrow())
+        try:
+            where = (
+                " WHERE end_ts >= ? AND end_ts < ? "
+                "AND date_trunc('minute', end_ts) IN (SELECT m FROM wanted_minutes)"
+            )
+            yield (where, [min(minutes), max(minutes) + timedelta(minutes=1)])
+        finally:
+            self._con.unregister("wanted_minutes")
+
     def replace_minute_rollup(
         self,
         table: str,
@@ -605,9 +1239,12 @@ class Store:
         try:
             if full:
                 self._con.execute(f"DELETE FROM {table}")
-            else:
+            elif minutes:
+                # The range lets DuckDB skip row groups of history by their min/max.
                 self._con.execute(
-                    f"DELETE FROM {table} WHERE minute_ts IN (SELECT m FROM wanted_minutes)"
+                    f"DELETE FROM {table} WHERE minute_ts BETWEEN ? AND ? "
+                    "AND minute_ts IN (SELECT m FROM wanted_minutes)",
+                    [min(minutes), max(minutes)],
                 )
             self._con.execute(
                 f"INSERT INTO {table} ({_column_list(schema)}) "
@@ -722,14 +1359,22 @@ def _identifier(name: str) -> str:
 
 
 def _window_clauses(
-    column: str, from_ts: datetime | None, to_ts: datetime | None
+    column: str, from_ts: datetime | None, to_ts: datetime | None, *, cast: str | None = None
 ) -> tuple[str, list[datetime]]:
     conditions: list[str] = []
     params: list[datetime] = []
+    placeholder = f"CAST(? AS {cast})" if cast else "?"
     if from_ts is not None:
-        conditions.append(f"{column} >= ?")
+        conditions.append(f"{column} >= {placeholder}")
         params.append(from_ts)
     if to_ts is not None:
-        conditions.append(f"{column} < ?")
+        conditions.append(f"{column} < {placeholder}")
         params.append(to_ts)
     return (" WHERE " + " AND ".join(conditions) if conditions else "", params)
+
+
+def _ms_ceiling(ts: datetime) -> datetime:
+    """`ts` rounded up to a whole millisecond: for stored millisecond times t,
+    `t >= ts` and `t >= _ms_ceiling(ts)` agree (and so do `<`)."""
+    extra_us = ts.microsecond % 1000
+    return ts if extra_us == 0 else ts + timedelta(microseconds=1000 - extra_us)

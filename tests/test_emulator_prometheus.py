@@ -7,139 +7,49 @@ second.
 
 from __future__ import annotations
 
-import json
 import math
-import socket
-import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig
-from emulator.live_server import LiveFleetServer, run_live
+from emulator.live_server import LiveFleetServer
 from emulator.records import ReplicaEvent, ReplicaEventKind
-from emulator.vllm_metrics import EngineSettings
-from tests.conftest import require_program
+from tests.live_prometheus import (
+    instant_query,
+    live_fleet,
+    poll,
+    running_prometheus,
+    scrape_configs,
+)
 
 TTFT_P95 = (
     "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"
 )
-DEADLINE_S = 45.0
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def poll(what: str, check: Callable[[], T | None], *, deadline_s: float = DEADLINE_S) -> T:
-    """Call `check` until it returns something other than None; fail after the deadline."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        result = check()
-        if result is not None:
-            return result
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.fixture
 def fleet() -> Iterator[tuple[LiveFleetServer, FleetSimulation]]:
-    config = FleetConfig.default()
-    start_s = time.time()
-    server = LiveFleetServer(
-        config.placements(), started_s=start_s, engine=EngineSettings.from_engine(config.engine)
-    )
-    simulation = FleetSimulation(config, observer=server, seed=11, start_s=start_s)
-    stop = threading.Event()
-    runner = threading.Thread(
-        target=run_live,
-        args=(simulation, server),
-        kwargs={"clock": time.time, "wait": stop.wait, "tick_s": 0.1},
-        name="emulated-fleet",
-    )
-    server.start()
-    runner.start()
-    yield server, simulation
-    stop.set()
-    runner.join()
-    server.stop()
+    with live_fleet(FleetConfig.default(), seed=11) as pair:
+        yield pair
 
 
 @pytest.fixture
 def prometheus(
     tmp_path: Path, fleet: tuple[LiveFleetServer, FleetSimulation]
 ) -> Iterator[httpx.Client]:
-    binary = require_program("prometheus")
     server, _ = fleet
-    jobs = []
-    for job in ("vllm", "dcgm"):
-        groups = [
-            {
-                "targets": group["targets"],
-                "labels": {k: v for k, v in group["labels"].items() if k != "job"},
-            }
-            for group in server.file_sd()
-            if group["labels"]["job"] == job
-        ]
-        jobs.append({"job_name": job, "static_configs": groups})
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-        "scrape_configs": jobs,
-    }
-    config_path = tmp_path / "prometheus.yml"
-    config_path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
-    port = free_port()
-    log_path = tmp_path / "prometheus.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
-
-    def ready() -> bool | None:
-        if process.poll() is not None:
-            pytest.fail(f"prometheus exited: {log_path.read_text(errors='replace')[-2000:]}")
-        try:
-            return True if client.get("/-/ready").status_code == 200 else None
-        except httpx.TransportError:
-            return None
-
-    try:
-        poll("prometheus to be ready", ready)
+    with running_prometheus(tmp_path, scrape_configs(server)) as client:
         yield client
-    finally:
-        client.close()
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def query(client: httpx.Client, expr: str) -> list[dict[str, Any]]:
-    body = client.get("/api/v1/query", params={"query": expr}).json()
-    assert body["status"] == "success", body
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
+    return instant_query(client, expr)
 
 
 @pytest.mark.slow

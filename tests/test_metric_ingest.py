@@ -70,3 +70,41 @@ def test_only_catalogued_families_are_stored_and_the_rest_counted(store: Store) 
     )
     assert kept.stored_samples == report.stored_samples + report.unknown_samples
     assert set(store.read_series().collect()["source"].drop_nulls()) <= {"vllm_engine", "dcgm"}
+
+
+def test_catalogue_results_kept_across_batches_still_shadow_aliases_page_by_page(
+    store: Store,
+) -> None:
+    # Batches of one thread share what the catalogue made of each key; whether an alias is
+    # shadowed still depends on the page it is on.
+    labels = '{engine="0",model_name="m"}'
+    alias = f"vllm:gpu_prefix_cache_hits_total{labels} 7\n"
+    current = f"vllm:prefix_cache_hits_total{labels} 9\n"
+    other = Target("vllm-1", TargetKind.VLLM, "http://127.0.0.1:3/metrics", replica="vllm-1")
+
+    def stored(ts: datetime) -> list[tuple[str, str, float]]:
+        points = store.read_points().collect().filter(pl.col("ts") == ts)
+        series = store.read_series().collect()
+        joined = points.join(series, on="series_id").sort("target_id", "value")
+        return joined.select("target_id", "metric", "value").rows()
+
+    times = [datetime(2026, 11, 18, 11, 0, s) for s in (0, 15, 30)]
+    ingest_pages([Page(REPLICA, times[0], alias)], store=store)
+    ingest_pages([Page(REPLICA, times[1], alias + current)], store=store)
+    ingest_pages([Page(REPLICA, times[2], alias), Page(other, times[2], current)], store=store)
+    assert stored(times[0]) == [("vllm-0", "vllm:prefix_cache_hits_total", 7.0)]
+    assert stored(times[1]) == [("vllm-0", "vllm:prefix_cache_hits_total", 9.0)]
+    assert stored(times[2]) == [
+        ("vllm-0", "vllm:prefix_cache_hits_total", 7.0),
+        ("vllm-1", "vllm:prefix_cache_hits_total", 9.0),
+    ]
+
+
+def test_a_rescaled_family_is_rescaled_in_every_batch(store: Store) -> None:
+    # The first batch learns the key; the next one takes it from what was learnt.
+    page = 'DCGM_FI_DEV_SM_CLOCK{gpu="0"} 1500\n'  # MHz; stored in Hz
+    times = [datetime(2026, 11, 18, 11, 0, s) for s in (0, 15)]
+    first = ingest_pages([Page(HOST, times[0], page)], store=store)
+    second = ingest_pages([Page(HOST, times[1], page)], store=store)
+    assert (first.stored_samples, second.stored_samples) == (1, 1)
+    assert store.read_points().collect()["value"].to_list() == [1.5e9, 1.5e9]

@@ -228,3 +228,54 @@ def test_targets_upsert_keeps_the_seen_range(store: Store) -> None:
     store.write_targets(target(early, early, "z2"))
     row = store.read_targets().collect().row(0, named=True)
     assert (row["first_seen_ts"], row["last_seen_ts"], row["zone"]) == (early, late, "z2")
+
+
+def test_a_reopened_store_skips_stored_scrapes_and_keeps_series_ids(tmp_path: Path) -> None:
+    # What the write path remembers is read back from the tables, not assumed empty.
+    t0, t1 = datetime(2026, 11, 18, 10, 0, 0), datetime(2026, 11, 18, 10, 0, 15)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        assert store.write_scrapes(*scrape_batch([t1])) == (1, 2)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        assert store.write_scrapes(*scrape_batch([t1])) == (0, 0)
+        # older than the latest stored scrape of the target, but never stored: it is new
+        assert store.write_scrapes(*scrape_batch([t0, t1])) == (1, 2)
+        store.write_scrapes(*scrape_batch([t0], target="b"))
+        series = store.read_series().collect()
+        assert series.select("series_id", "target_id").rows() == [
+            (1, "t1"),
+            (2, "t1"),
+            (3, "b"),
+            (4, "b"),
+        ]
+        assert store.count("points") == 6
+
+
+def test_keys_written_by_another_connection_are_read_again(tmp_path: Path) -> None:
+    t0, t1, t2 = (datetime(2026, 11, 18, 10, 0, s) for s in (0, 15, 30))
+    with Store.open(tmp_path / "s.duckdb") as one, Store.open(tmp_path / "s.duckdb") as other:
+        one.write_scrapes(*scrape_batch([t0], target="a"))
+        other.write_scrapes(*scrape_batch([t1], target="b"))  # ids 3, 4: unknown to `one`
+        other.write_scrapes(*scrape_batch([t2], target="a"))  # a scrape `one` has not seen
+        assert one.write_scrapes(*scrape_batch([t2], target="a")) == (0, 0)
+        assert one.write_scrapes(*scrape_batch([t1], target="c")) == (1, 2)
+        series = one.read_series().collect()
+        assert series["series_id"].to_list() == [1, 2, 3, 4, 5, 6]
+        assert series["target_id"].to_list() == ["a", "a", "b", "b", "c", "c"]
+
+
+def test_targets_written_with_scrapes_keep_the_seen_range(store: Store) -> None:
+    def target(first: datetime, last: datetime, zone: str | None = None) -> pl.DataFrame:
+        row = ("t1", "vllm", "http://127.0.0.1:1/metrics", "r1", "h1", zone, None, None, 1)
+        return pl.DataFrame([(*row, first, last)], schema=TARGETS_SCHEMA, orient="row")
+
+    t0, t1 = datetime(2026, 11, 18, 10, 0, 0), datetime(2026, 11, 18, 10, 0, 15)
+    store.write_scrapes(*scrape_batch([t1]), targets=target(t1, t1))
+    store.write_scrapes(*scrape_batch([t0]), targets=target(t0, t0))  # a late page
+    store.write_scrapes(*scrape_batch([t1]), targets=target(t1, t1))  # re-sent: no change
+    row = store.read_targets().collect().row(0, named=True)
+    assert (row["first_seen_ts"], row["last_seen_ts"], row["zone"]) == (t0, t1, None)
+    store.write_targets(target(t1, t1, zone="z1"))  # an attribute changed: the row follows
+    later = datetime(2026, 11, 18, 10, 0, 30)
+    store.write_scrapes(*scrape_batch([later]), targets=target(later, later, zone="z1"))
+    row = store.read_targets().collect().row(0, named=True)
+    assert (row["first_seen_ts"], row["last_seen_ts"], row["zone"]) == (t0, later, "z1")

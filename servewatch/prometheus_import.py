@@ -1,0 +1,98 @@
+"""Prometheus import for the CLI: a client for the server, the plan, chunks under a progress bar.
+
+The reading and storing is `collectors.prometheus_reader`; this module owns what a command
+needs around it: the HTTP client, a progress bar on stderr while chunks are read, and the
+report as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from collectors.prometheus_api import PrometheusApi
+from collectors.prometheus_reader import (
+    ImportWindow,
+    PrometheusImportReport,
+    import_range,
+    plan_import,
+)
+from pipeline.store import Store
+from servewatch.instants import format_instant
+from servewatch.render import err_console
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def import_from_prometheus(
+    url: str,
+    *,
+    store: Store,
+    window: ImportWindow,
+    keep_uncatalogued: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    client: httpx.Client | None = None,
+) -> PrometheusImportReport:
+    """Import `window` from the Prometheus (Thanos, Mimir) API at `url` into `store`."""
+    owned = client is None
+    http = client or httpx.Client(follow_redirects=True)
+    try:
+        api = PrometheusApi(http, url, timeout_s=timeout_s)
+        plan = plan_import(api, window=window, keep_uncatalogued=keep_uncatalogued)
+        with Progress(
+            TextColumn("import from Prometheus"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("queries", total=plan.queries)
+            return import_range(
+                api,
+                store=store,
+                plan=plan,
+                keep_uncatalogued=keep_uncatalogued,
+                on_query=lambda n: progress.advance(task, n),
+            )
+    finally:
+        if owned:
+            http.close()
+
+
+def import_json(report: PrometheusImportReport, *, window: ImportWindow) -> dict[str, Any]:
+    return {
+        "url": report.url,
+        "from": format_instant(window.start),
+        "to": format_instant(window.end),
+        "step_s": window.step_s,
+        "resolution": window.resolution.value,
+        "families": report.names,
+        "uncatalogued_families": report.extra_names,
+        "chunks": report.chunks,
+        "queries": report.queries,
+        "series_read": report.series_read,
+        "points_read": report.points_read,
+        "new_scrapes": report.new_scrapes,
+        "failed_scrapes": report.failed_scrapes,
+        "new_points": report.new_points,
+        "stored_samples": report.stored_samples,
+        "unknown_samples": report.unknown_samples,
+        "unassigned_series": report.unassigned_series,
+        "duplicate_points": report.duplicate_points,
+        "problems": [asdict(p) for p in report.problems],
+    }
+
+
+def import_summary(report: PrometheusImportReport) -> str:
+    return (
+        f"{report.url}: {len(report.names)} catalogued families"
+        + (f" and {len(report.extra_names)} others" if report.extra_names else "")
+        + f" in {report.chunks} chunks ({report.queries} queries): {report.series_read} series, "
+        f"{report.points_read} points read; {report.new_scrapes} new scrapes "
+        f"({report.failed_scrapes} failed), {report.new_points} new points"
+        + (f"; {len(report.problems)} problems recorded" if report.problems else "")
+    )

@@ -1,0 +1,168 @@
+"""Test helpers: a live emulated fleet on 127.0.0.1 and a real Prometheus 2.42 scraping it.
+
+The fleet runs at wall-clock time in a background thread; Prometheus gets one job per target
+kind (`vllm`, `dcgm`) with the fleet's target labels, a 1 s scrape interval by default, and a
+fresh TSDB under the test's directory. Both stop when their context ends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from emulator.fixture_writer import fleet_targets
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig
+from emulator.live_server import LiveFleetServer, run_live
+from emulator.vllm_metrics import EngineSettings
+from tests.conftest import free_port, require_program
+
+DEADLINE_S = 45.0
+T = TypeVar("T")
+
+
+def poll(what: str, check: Callable[[], T | None], *, deadline_s: float = DEADLINE_S) -> T:
+    """Call `check` until it returns something other than None; fail after the deadline.
+
+    Prometheus offers nothing to wait on for "this much has been scraped", so tests ask.
+    """
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        result = check()
+        if result is not None:
+            return result
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@contextmanager
+def live_fleet(
+    config: FleetConfig,
+    *,
+    seed: int,
+    tick_s: float = 0.1,
+    ports: Mapping[str, int] | None = None,
+) -> Iterator[tuple[LiveFleetServer, FleetSimulation]]:
+    """`config` emulated at wall-clock time and served; failures run on the same clock.
+
+    `ports` (see `fleet_ports`) fixes where targets listen, so that a Prometheus can be
+    started, and scraping, before the fleet's clock starts.
+    """
+    start_s = time.time()
+    server = LiveFleetServer(
+        config.placements(),
+        started_s=start_s,
+        engine=EngineSettings.from_engine(config.engine),
+        ports=ports,
+    )
+    simulation = FleetSimulation(config, observer=server, seed=seed, start_s=start_s)
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=run_live,
+        args=(simulation, server),
+        kwargs={"clock": time.time, "wait": stop.wait, "tick_s": tick_s},
+        name="emulated-fleet",
+    )
+    server.start()
+    runner.start()
+    try:
+        yield server, simulation
+    finally:
+        stop.set()
+        runner.join()
+        server.stop()
+
+
+def fleet_ports(config: FleetConfig) -> dict[str, int]:
+    """A free 127.0.0.1 port for every target of `config`'s fleet."""
+    return {t.target_id: free_port() for t in fleet_targets(config.placements())}
+
+
+def scrape_configs(server: LiveFleetServer) -> list[dict[str, Any]]:
+    """Prometheus scrape configs for the fleet: jobs `vllm` and `dcgm`, its target labels."""
+    jobs = []
+    for job in ("vllm", "dcgm"):
+        groups = [
+            {
+                "targets": group["targets"],
+                "labels": {k: v for k, v in group["labels"].items() if k != "job"},
+            }
+            for group in server.file_sd()
+            if group["labels"]["job"] == job
+        ]
+        jobs.append({"job_name": job, "static_configs": groups})
+    return jobs
+
+
+@contextmanager
+def running_prometheus(
+    workdir: Path, jobs: list[dict[str, Any]], *, scrape_interval_s: float = 1.0
+) -> Iterator[httpx.Client]:
+    """A Prometheus on a free 127.0.0.1 port scraping `jobs`; the client's base URL is it."""
+    binary = require_program("prometheus")
+    interval_ms = round(scrape_interval_s * 1000)
+    config = {
+        "global": {
+            "scrape_interval": f"{interval_ms}ms",
+            "scrape_timeout": f"{interval_ms * 9 // 10}ms",
+            "evaluation_interval": f"{interval_ms}ms",
+        },
+        "scrape_configs": jobs,
+    }
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
+    port = free_port()
+    log_path = workdir / "prometheus.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
+
+    def ready() -> bool | None:
+        if process.poll() is not None:
+            pytest.fail(f"prometheus exited: {log_path.read_text(errors='replace')[-2000:]}")
+        try:
+            return True if client.get("/-/ready").status_code == 200 else None
+        except httpx.TransportError:
+            return None
+
+    try:
+        poll("prometheus to be ready", ready)
+        yield client
+    finally:
+        client.close()
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def instant_query(client: httpx.Client, expr: str, *, time_s: float | None = None) -> list[Any]:
+    """The result list of an instant query (a vector or matrix), failing on an error answer."""
+    params: dict[str, str] = {"query": expr}
+    if time_s is not None:
+        params["time"] = f"{time_s:.3f}"
+    body = client.get("/api/v1/query", params=params).json()
+    assert body["status"] == "success", body
+    result: list[Any] = body["data"]["result"]
+    return result

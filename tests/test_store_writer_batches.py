@@ -1,0 +1,95 @@
+"""The store writer merges trace batches queued together into one insert, in order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+
+import polars as pl
+
+from collectors.store_writer import StoreWriter
+from collectors.trace_ingest import Reject
+from pipeline.store import Store
+from pipeline.tables import REQUESTS_SCHEMA
+
+
+def request_rows(span_ids: list[str]) -> pl.DataFrame:
+    n = len(span_ids)
+    ts = pl.Series([datetime(2026, 11, 29, 12)] * n, dtype=pl.Datetime("us"))
+    data = {
+        "trace_id": ["0" * 32] * n,
+        "span_id": span_ids,
+        "arrival_ts": ts,
+        "end_ts": ts,
+        "ok": [True] * n,
+        "emulated": [False] * n,
+    }
+    return (
+        pl.DataFrame(data)
+        .with_columns(
+            pl.lit(None, dtype=REQUESTS_SCHEMA[name]).alias(name)
+            for name in REQUESTS_SCHEMA.names()
+            if name not in data
+        )
+        .select(REQUESTS_SCHEMA.names())
+    )
+
+
+def test_queued_trace_batches_are_merged_deduplicated_and_kept_in_order() -> None:
+    gate = threading.Event()
+    order: list[str] = []
+    with Store.open(":memory:") as store, StoreWriter(store) as writer:
+        # Hold the writer so that everything below is queued before it runs.
+        writer.submit_task(lambda s: gate.wait())
+        writer.submit(request_rows(["a" * 16, "b" * 16]), [])
+        writer.submit(request_rows(["b" * 16, "c" * 16]), [Reject("otlp-http", "r1", "bad")])
+        writer.submit_task(lambda s: order.append(f"task saw {s.count('requests')}"))
+        writer.submit(request_rows(["d" * 16]), [])
+        writer.submit(request_rows([]), [])
+        gate.set()
+        writer.flush()
+        assert order == ["task saw 3"]
+        assert store.count("requests") == 4
+        assert writer.counters.new_requests == 4
+        assert writer.counters.rejected_spans == 1
+        assert store.count("ingest_errors") == 1
+        # The gate, two merged batches, the task, then the last two merged.
+        assert writer.counters.tasks == 4
+        assert writer.counters.failed_tasks == 0
+
+
+def test_close_after_a_merge_still_stops_the_writer() -> None:
+    with Store.open(":memory:") as store:
+        writer = StoreWriter(store)
+        gate = threading.Event()
+        writer.submit_task(lambda s: gate.wait())
+        writer.submit(request_rows(["e" * 16]), [])
+        # close() queues its stop right behind the batch: the merge must hand it back.
+        writer._queue.put(None)
+        gate.set()
+        writer._thread.join(timeout=10)
+        assert not writer._thread.is_alive()
+        assert store.count("requests") == 1
+
+
+def test_batches_arriving_within_the_linger_share_an_insert_and_flush_ends_the_wait() -> None:
+    inserts: list[int] = []
+    with Store.open(":memory:") as store:
+        write_requests = store.write_requests
+
+        def counting(frame: pl.DataFrame) -> int:
+            inserts.append(frame.height)
+            return write_requests(frame)
+
+        store.write_requests = counting  # type: ignore[method-assign]
+        with StoreWriter(store, linger_s=30.0) as writer:
+            writer.submit(request_rows(["a" * 16]), [])
+            time.sleep(0.2)  # the writer has taken the first batch and waits for more
+            writer.submit(request_rows(["b" * 16, "c" * 16]), [])
+            started = time.monotonic()
+            writer.flush()
+            # flush() ends the 30 s wait at once rather than after it.
+            assert time.monotonic() - started < 10
+            assert inserts == [3]
+            assert store.count("requests") == 3
