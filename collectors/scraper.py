@@ -63,7 +63,8 @@ async def scrape_target(
 
     try:
         async with asyncio.timeout(timeout_s):
-            response = await client.get(target.url, headers={"Accept": ACCEPT})
+            # The client's own timeout (5 s by default) must not cut a longer scrape timeout.
+            response = await client.get(target.url, headers={"Accept": ACCEPT}, timeout=timeout_s)
             if response.status_code != 200:
                 return result(None, f"HTTP {response.status_code} from {target.url}")
             content = response.content

@@ -3,13 +3,16 @@
 Targets come inline from the config or from Prometheus `file_sd` files (JSON or YAML lists of
 `{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm or
 dcgm, required), `replica`, `host`, `zone`, `model`, `pool`, `gpus`, and Prometheus's own
-`__scheme__` and `__metrics_path__`. A file that stops parsing keeps its last good list in use,
-as Prometheus does, and the error is reported.
+`__scheme__`, `__metrics_path__`, `__scrape_interval__` and `__scrape_timeout__` (a target's own
+interval and timeout, as Prometheus durations such as `30s` or `1m`, or numbers of seconds). A
+file that stops parsing keeps its last good list in use, as Prometheus does, and the error is
+reported.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,11 +42,47 @@ class Target:
     model: str | None = None
     pool: str | None = None
     gpus: int | None = None
+    interval_s: float | None = None  # None: the configured scrape interval
+    timeout_s: float | None = None  # None: the configured scrape timeout
 
 
 KNOWN_LABELS = frozenset(
-    {"kind", "replica", "host", "zone", "model", "pool", "gpus", "__scheme__", "__metrics_path__"}
+    {
+        "kind",
+        "replica",
+        "host",
+        "zone",
+        "model",
+        "pool",
+        "gpus",
+        "__scheme__",
+        "__metrics_path__",
+        "__scrape_interval__",
+        "__scrape_timeout__",
+    }
 )
+
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+_DURATION_UNITS_S = (3600.0, 60.0, 1.0, 0.001)
+
+
+def duration_s(value: object, *, where: str) -> float:
+    """Seconds from a number or a Prometheus duration (`15s`, `1m30s`, `500ms`); positive."""
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value and (match := _DURATION.fullmatch(value)):
+        seconds = sum(
+            float(part) * unit
+            for part, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True)
+            if part
+        )
+    if seconds is None or not seconds > 0:
+        raise TargetError(
+            f"{where}: must be a positive number of seconds or a duration such as 15s, 1m or "
+            f"500ms, got {value!r}"
+        )
+    return seconds
 
 
 def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -> Target:
@@ -74,6 +113,18 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         value = labels.get(name)
         return None if value is None or value == "" else str(value)
 
+    def seconds(name: str) -> float | None:
+        value = labels.get(name)
+        return None if value is None or value == "" else duration_s(value, where=f"{where}: {name}")
+
+    interval_s = seconds("__scrape_interval__")
+    timeout_s = seconds("__scrape_timeout__")
+    if interval_s is not None and timeout_s is not None and timeout_s > interval_s:
+        raise TargetError(
+            f"{where}: __scrape_timeout__ ({timeout_s:g} s) must not exceed "
+            f"__scrape_interval__ ({interval_s:g} s)"
+        )
+
     return Target(
         target_id=url,
         kind=kind,
@@ -84,6 +135,8 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         model=text("model"),
         pool=text("pool"),
         gpus=gpus,
+        interval_s=interval_s,
+        timeout_s=timeout_s,
     )
 
 

@@ -156,6 +156,31 @@ def _listen(section: _Section, default: ReceiverConfig) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def _target(section: _Section, scrape: ScrapeSettings) -> Target:
+    """One inline [[targets]] entry; `interval_s` and `timeout_s` override the scrape settings
+    for this target (a timeout longer than the target's interval is refused)."""
+    labels = {
+        k: section.get(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
+    }
+    url = section.text("url")
+    if url is None:
+        raise section.fail("url", "is required (the target's /metrics URL)")
+    interval_s = section.number("interval_s", 0.0) or None
+    timeout_s = section.number("timeout_s", 0.0) or None
+    if timeout_s is not None and timeout_s > (interval_s or scrape.interval_s):
+        raise section.fail(
+            "timeout_s",
+            f"must not exceed the target's interval ({interval_s or scrape.interval_s:g} s)",
+        )
+    labels["__scrape_interval__"] = interval_s
+    labels["__scrape_timeout__"] = timeout_s
+    section.done()
+    try:
+        return target_from_labels(url, labels, where=f"{section.where}: {section.path}")
+    except TargetError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     where = str(source) if source else "configuration"
     root = _Section(data, "", where)
@@ -174,19 +199,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     if scrape.timeout_s > scrape.interval_s:
         raise scrape_section.fail("timeout_s", "must not exceed scrape.interval_s")
 
-    targets: list[Target] = []
-    for section in root.tables("targets"):
-        labels = {
-            k: section.get(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
-        }
-        url = section.text("url")
-        if url is None:
-            raise section.fail("url", "is required (the target's /metrics URL)")
-        section.done()
-        try:
-            targets.append(target_from_labels(url, labels, where=f"{where}: {section.path}"))
-        except TargetError as exc:
-            raise ConfigError(str(exc)) from exc
+    targets = [_target(section, scrape) for section in root.tables("targets")]
 
     file_sd = []
     for section in root.tables("file_sd"):

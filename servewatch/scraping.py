@@ -1,29 +1,110 @@
-"""Scrape rounds for the CLI: the configured targets fetched concurrently, then stored."""
+"""Scraping as configured: which targets, on what schedule, and how pages reach the store.
+
+`servewatch scrape --once` fetches one round (every target at once); `servewatch scrape` and
+`servewatch run` scrape each target on its own schedule (collectors/scrape_loop.py) and hand
+pages to the store writer in batches through `PageBatcher`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
-
-import httpx
+import threading
+from collections.abc import Callable, Sequence
 
 from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from collectors.scraper import ScrapeResult, scrape_targets
+from collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome, default_client
+from collectors.scrape_schedule import schedule_for
+from collectors.scraper import ScrapeResult, scrape_target
+from collectors.store_writer import StoreWriter
 from collectors.targets import FileSdSource, Target, merge_targets
 from pipeline.store import Store
 from servewatch.config import Config, ScrapeSettings
 
 
+class TargetResolver:
+    """Inline targets plus every file_sd file's. The file_sd sources persist between calls, so
+    a file that stops parsing keeps its last good target list in use."""
+
+    def __init__(self) -> None:
+        self._sources: dict[str, FileSdSource] = {}
+
+    def resolve(self, config: Config) -> tuple[list[Target], list[str]]:
+        """Targets and problems; problems are returned, not raised, because one unreadable
+        file must not stop the scraping of the others."""
+        sources = [self._sources.setdefault(str(p), FileSdSource(p)) for p in config.file_sd]
+        problems = []
+        for source in sources:
+            source.refresh()
+            if source.error:
+                problems.append(source.error)
+        return merge_targets([list(config.targets), *(s.targets for s in sources)]), problems
+
+
 def resolve_targets(config: Config) -> tuple[list[Target], list[str]]:
-    """Inline targets plus every file_sd file's; problems are returned, not raised, because
-    one unreadable file must not stop the scraping of the others."""
-    sources = [FileSdSource(path) for path in config.file_sd]
-    problems = []
-    for source in sources:
-        source.refresh()
-        if source.error:
-            problems.append(source.error)
-    return merge_targets([list(config.targets), *(s.targets for s in sources)]), problems
+    """The configured targets, read once (see `TargetResolver`)."""
+    return TargetResolver().resolve(config)
+
+
+def scheduled_targets(targets: Sequence[Target], settings: ScrapeSettings) -> list[ScheduledTarget]:
+    """Each target with its schedule: its own interval and timeout where it sets them."""
+    return [
+        ScheduledTarget(
+            target=t,
+            schedule=schedule_for(t, interval_s=settings.interval_s, timeout_s=settings.timeout_s),
+        )
+        for t in targets
+    ]
+
+
+class PageBatcher:
+    """Scraped pages into the store through the single writer, in batches: pages are gathered
+    for up to `max_delay_s`, then written in one store transaction. Scrapes spread over the
+    interval arrive one by one; written one at a time, each would pay a transaction's fixed
+    cost (tens of ms), and a few hundred targets would keep the writer busy. `close` writes
+    what is gathered."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        keep_uncatalogued: Callable[[], bool],
+        on_report: Callable[[MetricIngestReport], None],
+        max_delay_s: float = 1.0,
+    ) -> None:
+        self._writer = writer
+        self._keep_uncatalogued = keep_uncatalogued
+        self._on_report = on_report
+        self._max_delay_s = max_delay_s
+        self._lock = threading.Lock()
+        self._pages: list[Page] = []
+        self._pending = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._gather, name="page-batcher", daemon=True)
+        self._thread.start()
+
+    def add(self, page: Page) -> None:
+        with self._lock:
+            self._pages.append(page)
+        self._pending.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._pending.set()
+        self._thread.join()
+
+    def _gather(self) -> None:
+        while not self._closed.is_set():
+            self._pending.wait()
+            self._closed.wait(self._max_delay_s)  # gathering a batch; ends early on close
+            self._pending.clear()
+            self._writer.submit_task(self._write)
+
+    def _write(self, store: Store) -> None:
+        with self._lock:
+            pages, self._pages = self._pages, []
+        if pages:
+            report = ingest_pages(pages, store=store, keep_uncatalogued=self._keep_uncatalogued())
+            self._on_report(report)
 
 
 def page_of(result: ScrapeResult) -> Page:
@@ -38,9 +119,15 @@ def page_of(result: ScrapeResult) -> Page:
 
 
 async def fetch_results(targets: list[Target], settings: ScrapeSettings) -> list[ScrapeResult]:
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(limits=limits, follow_redirects=False) as client:
-        return await scrape_targets(targets, client=client, timeout_s=settings.timeout_s)
+    """Every target once, concurrently, each with its own client and timeout."""
+
+    async def fetch(entry: ScheduledTarget) -> ScrapeResult:
+        async with default_client() as client:
+            return await scrape_target(
+                entry.target, client=client, timeout_s=entry.schedule.timeout_s
+            )
+
+    return list(await asyncio.gather(*(fetch(e) for e in scheduled_targets(targets, settings))))
 
 
 def scrape_round(
@@ -52,7 +139,44 @@ def scrape_round(
     )
 
 
-def wait_for_next_round(interval_s: float) -> None:
-    """Sleep to the next multiple of the interval (rounds stay on a fixed grid)."""
-    now = time.time()
-    time.sleep(interval_s - now % interval_s)
+class _PagesToBatcher:
+    def __init__(self, pages: PageBatcher) -> None:
+        self.pages = pages
+
+    def scraped(self, outcome: ScrapeOutcome) -> None:
+        self.pages.add(page_of(outcome.result))
+
+    def skipped(self, target: Target, slots: int) -> None:
+        """Nothing to store: the slot's scrape never started."""
+
+
+def scrape_until(
+    config: Config,
+    *,
+    store: Store,
+    stop: threading.Event,
+    on_report: Callable[[MetricIngestReport], None],
+    on_problem: Callable[[str], None],
+    targets_every_s: float = 30.0,
+) -> None:
+    """Scrape every configured target on its own schedule until `stop` is set, re-reading
+    the targets (file_sd) every `targets_every_s`; each written batch goes to `on_report`."""
+    resolver = TargetResolver()
+    with StoreWriter(store) as writer:
+        pages = PageBatcher(
+            writer,
+            keep_uncatalogued=lambda: config.scrape.keep_uncatalogued,
+            on_report=on_report,
+        )
+        loop = ScrapeLoop(_PagesToBatcher(pages))
+        loop.start()
+        try:
+            while not stop.is_set():
+                targets, problems = resolver.resolve(config)
+                for problem in problems:
+                    on_problem(problem)
+                loop.set_targets(scheduled_targets(targets, config.scrape))
+                stop.wait(targets_every_s)
+        finally:
+            loop.stop()
+            pages.close()

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from pipeline.store import Store
 from servewatch.cli import app
 from tests.conftest import free_port
 
@@ -54,3 +59,51 @@ def test_scrape_without_targets_is_a_usage_error(tmp_path: Path, runner: CliRunn
     result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
     assert result.exit_code == 2
     assert "no targets" in result.stderr
+
+
+@pytest.mark.slow
+def test_scrape_runs_each_target_on_its_schedule_until_interrupted(
+    endpoint: str, tmp_path: Path
+) -> None:
+    """The continuous mode, as a user runs it: a real process, stopped with Ctrl-C (SIGINT)."""
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        f"""
+[store]
+path = "fleet.duckdb"
+
+[scrape]
+interval_s = 1
+timeout_s = 1
+
+[[targets]]
+kind = "vllm"
+url = "{endpoint}"
+replica = "vllm-0"
+""",
+        encoding="utf-8",
+    )
+    program = Path(sys.executable).parent / "servewatch"
+    process = subprocess.Popen(
+        [str(program), "scrape", "--config", str(config)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    batches = 0
+    for line in process.stdout:  # each stored batch prints one line
+        batches += line.startswith("stored ")
+        if batches == 3:
+            break
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    with Store.open(tmp_path / "fleet.duckdb") as store:
+        scrapes = store.read_scrapes().collect()
+    assert scrapes.height >= 3
+    assert scrapes["ok"].all()
+    gaps_s = scrapes["ts"].diff().drop_nulls().dt.total_microseconds() / 1e6
+    # One scrape per slot: never two within the same interval, never stacked.
+    assert gaps_s.min() > 0.5
