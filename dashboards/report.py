@@ -11,7 +11,7 @@ time axes share it, so charts line up when read one under another.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -31,6 +31,11 @@ from dashboards.finish_reason import (
     finish_reasons_from_requests,
 )
 from dashboards.gpu_health import gpu_health_chart
+from dashboards.health_findings import (
+    findings_frame,
+    findings_table_chart,
+    findings_timeline_chart,
+)
 from dashboards.kv_usage import kv_usage_heatmap
 from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
 from dashboards.panel import TimeDomain, natural_order
@@ -40,6 +45,7 @@ from dashboards.request_phase import phases_from_requests, request_phase_chart
 from dashboards.scheduler_state import scheduler_state_chart
 from dashboards.token_throughput import throughput_from_request_minutes, token_throughput_chart
 from dashboards.tornado import tornado_chart
+from pipeline.health_finding import Finding
 from pipeline.request_minutes import request_minutes
 from pipeline.request_sli import GoodputLimits
 
@@ -50,6 +56,7 @@ MAX_MODELS_LISTED = 8
 
 
 class Section(Enum):
+    HEALTH = "Fleet health findings"
     LATENCY = "Latency"
     SLO = "SLOs, error budgets and alerts"
     ENGINE = "Engine: scheduler, KV cache and tokens"
@@ -123,6 +130,8 @@ class ReportInputs:
     capacity: CapacityView | None = None
     failure_table: FailureView | None = None
     tornado: TornadoView | None = None
+    # What the fleet-health detectors found over the window (None: they were not run).
+    findings: Sequence[Finding] | None = None
 
 
 def slug(text: str) -> str:
@@ -279,6 +288,7 @@ def build_report(
         if inputs.requests is not None
         else None
     )
+    _health(out, inputs, window=window)
     _latency(out, inputs, requests=requests, window=window, limits=limits)
     _slo(out, inputs, window=window)
     _engine(out, inputs, requests=requests, window=window)
@@ -288,10 +298,40 @@ def build_report(
     return Report(
         title=title,
         window=window,
-        facts=_facts(window=window, requests=requests, sli_report=inputs.sli_report, limits=limits),
+        facts=_facts(window=window, requests=requests, sli_report=inputs.sli_report, limits=limits)
+        + _finding_facts(inputs.findings),
         charts=tuple(out.charts),
         omitted=tuple(out.omitted),
     )
+
+
+def _finding_facts(findings: Sequence[Finding] | None) -> tuple[tuple[str, str], ...]:
+    if findings is None:
+        return ()
+    if not findings:
+        return (("health findings", "none: no failure mode shows in this window"),)
+    kinds = natural_order([f.kind.value for f in findings])
+    ongoing = sum(1 for f in findings if f.end is None)
+    return (
+        (
+            "health findings",
+            f"{len(findings)} ({', '.join(kinds)}), {ongoing} ongoing at the end of the window",
+        ),
+    )
+
+
+def _health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Health findings"
+    if inputs.findings is None:
+        out.omit(title, "not examined: needs the fleet-health findings (servewatch health)")
+        return
+    if not inputs.findings:
+        out.omit(title, "no findings: none of the failure modes shows in this window")
+        return
+    frame = findings_frame(inputs.findings)
+    out.add("health-findings", Section.HEALTH, title, findings_table_chart(frame))
+    timeline = findings_timeline_chart(frame, domain=window)
+    out.add("health-findings-timeline", Section.HEALTH, "Health findings over time", timeline)
 
 
 def _latency(

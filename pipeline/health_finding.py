@@ -93,6 +93,8 @@ class HealthInputs:
 class Detector(Protocol):
     """A plug point: one failure mode, one pure function of the inputs."""
 
-    kind: FindingKind
+    # Read-only, so frozen dataclasses satisfy it.
+    @property
+    def kind(self) -> FindingKind: ...
 
     def detect(self, inputs: HealthInputs) -> list[Finding]: ...

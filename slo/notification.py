@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from slo.alert_state import AlertChange, AlertState
 
 ALERT_NAME = "SLOErrorBudgetBurn"
+# Fleet-health findings raised as tickets (slo/finding_alerts.py); their labels carry this name.
+FINDING_ALERT_NAME = "FleetHealthFinding"
 # Prometheus keeps a firing alert alive in Alertmanager by re-sending it with an end time
 # four resend intervals ahead; if the sender dies, the alert resolves itself then.
 DEFAULT_VALID_FOR_S = 4 * 60
@@ -51,7 +53,22 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def finding_annotations(change: AlertChange) -> dict[str, str]:
+    """A finding alert has no burn rates; its summary names the failure mode and scope."""
+    labels = dict(change.labels)
+    what = (
+        f"{labels.get('kind', '?')} on {labels.get('scope_unit', '?')} {labels.get('scope', '?')}"
+    )
+    if change.state is AlertState.RESOLVED:
+        summary = f"fleet health: {what} no longer found"
+    else:
+        summary = f"fleet health: {what}; `servewatch health` shows the evidence"
+    return {"summary": summary}
+
+
 def alert_annotations(change: AlertChange) -> dict[str, str]:
+    if dict(change.labels).get("alertname") == FINDING_ALERT_NAME:
+        return finding_annotations(change)
     key = change.key
     consumed = (
         "n/a" if change.budget_consumed_ratio is None else f"{change.budget_consumed_ratio:.1%}"

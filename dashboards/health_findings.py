@@ -1,0 +1,211 @@
+"""Health findings: what the fleet-health detectors found, as a timeline and as a table.
+
+`findings_frame` flattens `pipeline.health_finding.Finding`s into one row each (kind, scope,
+start, end, confidence, summary, evidence as text, suggestion); the charts read that frame.
+The timeline draws a bar per finding from its start to its end (an ongoing one to the end of
+the report window, marked "ongoing"), one row per affected scope, coloured by failure mode;
+the table lists every finding with its evidence numbers, so the report carries the same facts
+as `servewatch health --json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from dashboards.columns import Column, ColumnKind, FrameContract, time_column
+from dashboards.panel import (
+    ROW_PX,
+    WIDTH_PX,
+    TimeDomain,
+    data_chart,
+    epoch_ms,
+    epoch_ms_of,
+    time_tooltip,
+    time_x,
+    titled,
+)
+from pipeline.health_finding import Finding, FindingKind
+
+KIND_COLORS = {
+    FindingKind.SLOW_REPLICA.value: "#d62728",
+    FindingKind.KV_PRESSURE.value: "#9467bd",
+    FindingKind.AFFINITY_LOSS.value: "#17becf",
+    FindingKind.TRAFFIC_STEP.value: "#ff7f0e",
+    FindingKind.ROLLOUT_REGRESSION.value: "#8c564b",
+    FindingKind.DEPENDENCY.value: "#1f77b4",
+}
+EVIDENCE_SHOWN = 6
+TABLE_ROW_PX = 2 * ROW_PX + 4
+
+FINDINGS_SCHEMA = pl.Schema(
+    {
+        "kind": pl.String(),
+        "scope_unit": pl.String(),
+        "scope": pl.String(),
+        "start_ts": pl.Datetime("us"),
+        "end_ts": pl.Datetime("us"),
+        "confidence": pl.Float64(),
+        "summary": pl.String(),
+        "evidence": pl.String(),
+        "suggestion": pl.String(),
+    }
+)
+FINDINGS_CONTRACT = FrameContract(
+    "health findings",
+    (
+        Column("kind", ColumnKind.TEXT, "failure mode (slow_replica, dependency, ...)"),
+        Column("scope_unit", ColumnKind.TEXT, "replica, host, zone, pool, version or fleet"),
+        Column("scope", ColumnKind.TEXT, "the affected replica, host, zone, pool or version"),
+        time_column("start_ts", "when the finding starts, naive UTC"),
+        time_column("end_ts", "when it ends, naive UTC; null while ongoing"),
+        Column("confidence", ColumnKind.NUMBER, "0-1, how sure the detector is"),
+        Column("summary", ColumnKind.TEXT, "one sentence: what, where, since when"),
+        Column("evidence", ColumnKind.TEXT, "the numbers behind it"),
+        Column("suggestion", ColumnKind.TEXT, "what to do"),
+    ),
+)
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def evidence_text(finding: Finding, *, limit: int = EVIDENCE_SHOWN) -> str:
+    """`name value unit (baseline b)` for the first `limit` evidence numbers."""
+    parts = [
+        f"{e.name} {_number(e.value)} {e.unit}"
+        + ("" if e.baseline is None else f" (baseline {_number(e.baseline)})")
+        for e in finding.evidence[:limit]
+    ]
+    more = len(finding.evidence) - limit
+    return "; ".join(parts) + (f"; {more} more" if more > 0 else "")
+
+
+def findings_frame(findings: Sequence[Finding]) -> pl.DataFrame:
+    """One row per finding, in the given order (FINDINGS_SCHEMA)."""
+    return pl.DataFrame(
+        {
+            "kind": [f.kind.value for f in findings],
+            "scope_unit": [f.scope_unit.value for f in findings],
+            "scope": [f.scope for f in findings],
+            "start_ts": [f.start for f in findings],
+            "end_ts": [f.end for f in findings],
+            "confidence": [f.confidence for f in findings],
+            "summary": [f.summary for f in findings],
+            "evidence": [evidence_text(f) for f in findings],
+            "suggestion": [f.suggestion for f in findings],
+        },
+        schema=FINDINGS_SCHEMA,
+    )
+
+
+def _rows(frame: pl.DataFrame | pl.LazyFrame, *, domain: TimeDomain | None) -> pl.DataFrame:
+    rows = FINDINGS_CONTRACT.select(frame)
+    until = datetime(1970, 1, 1)
+    if domain is not None:
+        until = domain[1]
+    else:
+        for latest in (rows["end_ts"].max(), rows["start_ts"].max()):
+            if isinstance(latest, datetime):
+                until = max(until, latest)
+    return rows.with_columns(
+        where=pl.format("{} {}", "scope_unit", "scope"),
+        ts=epoch_ms("start_ts"),
+        ts_end=pl.coalesce(epoch_ms("end_ts"), pl.lit(epoch_ms_of(until))),
+        state=pl.when(pl.col("end_ts").is_null())
+        .then(pl.lit("ongoing"))
+        .otherwise(pl.lit("ended")),
+        confidence_pct=(pl.col("confidence") * 100).round(0),
+    ).drop("start_ts", "end_ts")
+
+
+def _kind_scale(kinds: Sequence[str]) -> Any:
+    order = [k for k in KIND_COLORS if k in kinds] + sorted(set(kinds) - set(KIND_COLORS))
+    return alt.Scale(domain=order, range=[KIND_COLORS.get(k, "#7f7f7f") for k in order])
+
+
+def findings_timeline_chart(
+    frame: pl.DataFrame | pl.LazyFrame, *, domain: TimeDomain | None = None
+) -> Any:
+    """A bar per finding on its scope's row, from start to end (or the window's end)."""
+    rows = _rows(frame, domain=domain)
+    if rows.is_empty():
+        raise ValueError("health findings timeline: there are no findings to draw")
+    scopes = list(dict.fromkeys(rows["where"].to_list()))
+    chart = (
+        data_chart(rows)
+        .mark_bar(height=10)
+        .encode(
+            time_x(domain=domain),
+            alt.X2("ts_end:T"),
+            alt.Y("where:N", title="scope", sort=scopes),
+            alt.Color("kind:N", title="failure mode", scale=_kind_scale(rows["kind"].to_list())),
+            tooltip=[
+                alt.Tooltip("kind:N", title="failure mode"),
+                alt.Tooltip("where:N", title="scope"),
+                time_tooltip("ts", title="from"),
+                time_tooltip("ts_end", title="until"),
+                alt.Tooltip("state:N"),
+                alt.Tooltip("confidence_pct:Q", title="confidence %"),
+                alt.Tooltip("summary:N"),
+                alt.Tooltip("evidence:N"),
+                alt.Tooltip("suggestion:N"),
+            ],
+        )
+        .properties(width=WIDTH_PX, height=max(60, 2 * ROW_PX * len(scopes)))
+    )
+    ongoing = rows.filter(pl.col("state") == "ongoing").height
+    subtitle = [
+        f"{rows.height} finding(s) of the fleet-health detectors"
+        + (f", {ongoing} still ongoing at the end of the window" if ongoing else "")
+        + "; hover a bar for its evidence and suggestion.",
+    ]
+    return titled(chart, title="Health findings over time", subtitle=subtitle)
+
+
+def findings_table_chart(frame: pl.DataFrame | pl.LazyFrame) -> Any:
+    """Every finding as a table row: when, what, where, how sure, summary and evidence."""
+    rows = _rows(frame, domain=None)
+    if rows.is_empty():
+        raise ValueError("health findings table: there are no findings to list")
+    lines = rows.with_row_index("row").with_columns(
+        when=pl.format(
+            "{} to {}",
+            pl.from_epoch("ts", time_unit="ms").dt.strftime("%m-%d %H:%M"),
+            pl.when(pl.col("state") == "ongoing")
+            .then(pl.lit("ongoing"))
+            .otherwise(pl.from_epoch("ts_end", time_unit="ms").dt.strftime("%H:%M")),
+        ),
+        head=pl.format("{} · {} · {}%", "kind", "where", "confidence_pct"),
+    )
+    order = lines["row"].to_list()
+    base = data_chart(lines).encode(
+        alt.Y("row:O", sort=order, axis=None),
+        tooltip=[
+            alt.Tooltip("summary:N"),
+            alt.Tooltip("evidence:N"),
+            alt.Tooltip("suggestion:N"),
+        ],
+    )
+    columns = [
+        base.mark_text(align="left", fontWeight="bold", dy=-7).encode(
+            x=alt.value(0), text="when:N"
+        ),
+        base.mark_text(align="left", dy=-7).encode(x=alt.value(160), text="head:N"),
+        base.mark_text(align="left", dy=7, fontSize=10, limit=WIDTH_PX).encode(
+            x=alt.value(0), text="summary:N"
+        ),
+    ]
+    chart = alt.layer(*columns).properties(
+        width=WIDTH_PX, height=max(40, TABLE_ROW_PX * lines.height)
+    )
+    subtitle = [
+        "Start to end (UTC), failure mode, scope and confidence; the summary below each.",
+        "Hover a row for the evidence numbers; `servewatch health --json` has all of them.",
+    ]
+    return titled(chart, title="Health findings", subtitle=subtitle)

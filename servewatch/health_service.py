@@ -1,0 +1,153 @@
+"""`servewatch health`: the store read into `HealthInputs` for a window, every default detector
+run over it, and the findings in reading order (earliest first; at the same start, the surest).
+
+Shared by the `health` command, the report and the service's evaluation job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import polars as pl
+
+from pipeline.health_detectors import default_detectors
+from pipeline.health_finding import Detector, Finding, HealthInputs
+from pipeline.metric_sli import series_dimensions
+from pipeline.store import Store
+from servewatch.instants import format_instant
+from slo.alert_state import TableAlertStateStore
+from slo.burn_rate import evaluation_minute
+from slo.finding_alerts import DEFAULT_LOOKBACK_S, FindingEvaluation, step_findings
+from slo.notification import Notifier
+
+DEFAULT_VERSION_LABEL = "model"
+
+
+def _eager(frame: pl.LazyFrame) -> pl.LazyFrame:
+    # Detectors read the same frames several times; read each from the store once.
+    return frame.collect().lazy()
+
+
+def health_window(
+    store: Store, *, from_ts: datetime | None, to_ts: datetime | None
+) -> tuple[datetime, datetime] | None:
+    """[from, to): open ends default to the stored samples' (and requests') span; None when
+    the store holds nothing to examine."""
+    stored = store.points_range()
+    bounds = store.read_requests().select(first=pl.col("end_ts").min(), last=pl.col("end_ts").max())
+    row = bounds.collect().row(0)
+    firsts = [t for t in (stored[0] if stored else None, row[0]) if t is not None]
+    lasts = [t for t in (stored[1] if stored else None, row[1]) if t is not None]
+    if not firsts:
+        return None
+    start = from_ts or min(firsts).replace(second=0, microsecond=0)
+    end = to_ts or max(lasts).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    if end <= start:
+        raise ValueError(f"health window ends ({end}) at or before it starts ({start})")
+    return start, end
+
+
+def read_health_inputs(
+    store: Store,
+    *,
+    start: datetime,
+    end: datetime,
+    version_label: str = DEFAULT_VERSION_LABEL,
+    zone_loss_in_scope: bool = True,
+) -> HealthInputs:
+    """What the detectors read over [start, end), held in memory (points from a minute
+    earlier, so the first minute's counter increments are complete)."""
+    return HealthInputs(
+        start=start,
+        end=end,
+        points=_eager(store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)),
+        dimensions=_eager(series_dimensions(store.read_series(), store.read_targets())),
+        requests=_eager(store.read_requests(from_ts=start, to_ts=end)),
+        targets=_eager(store.read_targets()),
+        scrapes=_eager(store.read_scrapes(from_ts=start, to_ts=end)),
+        version_label=version_label,
+        zone_loss_in_scope=zone_loss_in_scope,
+    )
+
+
+def ordered(findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    """Earliest start first; at the same start the surest, then by kind and scope."""
+    return tuple(
+        sorted(
+            findings,
+            key=lambda f: (f.start, -f.confidence, f.kind.value, f.scope_unit.value, f.scope),
+        )
+    )
+
+
+def run_detectors(inputs: HealthInputs, detectors: Sequence[Detector]) -> tuple[Finding, ...]:
+    found: list[Finding] = []
+    for detector in detectors:
+        found.extend(detector.detect(inputs))
+    return ordered(found)
+
+
+def health_findings(
+    store: Store,
+    *,
+    from_ts: datetime | None = None,
+    to_ts: datetime | None = None,
+    version_label: str = DEFAULT_VERSION_LABEL,
+    zone_loss_in_scope: bool = True,
+    detectors: Sequence[Detector] | None = None,
+) -> tuple[Finding, ...]:
+    """Every finding of the detectors (the default set when None) over [from_ts, to_ts)."""
+    window = health_window(store, from_ts=from_ts, to_ts=to_ts)
+    if window is None:
+        return ()
+    inputs = read_health_inputs(
+        store,
+        start=window[0],
+        end=window[1],
+        version_label=version_label,
+        zone_loss_in_scope=zone_loss_in_scope,
+    )
+    return run_detectors(inputs, default_detectors() if detectors is None else detectors)
+
+
+def evaluate_findings(
+    store: Store,
+    *,
+    at: datetime,
+    notifier: Notifier | None,
+    lookback_s: int = DEFAULT_LOOKBACK_S,
+    version_label: str = DEFAULT_VERSION_LABEL,
+) -> FindingEvaluation:
+    """One scheduled evaluation of finding alerts: the findings of the `lookback_s` before
+    `at` raised or resolved as tickets in the `alerts` table, the notifier told."""
+    end = evaluation_minute(at)
+    start = end - timedelta(seconds=lookback_s)
+    inputs = read_health_inputs(store, start=start, end=end, version_label=version_label)
+    findings = run_detectors(inputs, default_detectors())
+    return step_findings(
+        findings,
+        at=at,
+        states=TableAlertStateStore(store),
+        notifier=notifier,
+        lookback_s=lookback_s,
+    )
+
+
+def finding_json(finding: Finding) -> dict[str, Any]:
+    """One finding as `servewatch health --json` prints it; `end` null means ongoing."""
+    return {
+        "kind": finding.kind.value,
+        "scope_unit": finding.scope_unit.value,
+        "scope": finding.scope,
+        "start": format_instant(finding.start),
+        "end": format_instant(finding.end),
+        "confidence": finding.confidence,
+        "summary": finding.summary,
+        "evidence": [
+            {"name": e.name, "value": e.value, "unit": e.unit, "baseline": e.baseline}
+            for e in finding.evidence
+        ],
+        "suggestion": finding.suggestion,
+    }

@@ -1,0 +1,121 @@
+"""Test helpers for the fleet-health detectors: a small emulated fleet recorded with an injected
+failure, replayed into a store, and read back as `HealthInputs`.
+
+Every fleet shares one base (six replicas on three hosts, prefix-affinity routing, multi-turn
+chat) so a clean recording and a faulty one differ only by what was injected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from collectors.replay import replay_fixture
+from emulator.engine import EngineParams
+from emulator.failures import FailureSpec
+from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
+from emulator.vllm_metrics import EngineSettings
+from emulator.workload import (
+    ArrivalKind,
+    ArrivalSpec,
+    ConversationSpec,
+    Distribution,
+    RateStep,
+    TenantSpec,
+    WorkloadSpec,
+)
+from pipeline.health_finding import HealthInputs
+from pipeline.metric_sli import series_dimensions
+from pipeline.store import Store
+
+START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC
+START = datetime.fromtimestamp(START_S, UTC).replace(tzinfo=None)
+RATE_RPS = 4.0
+SCRAPE_INTERVAL_S = 15.0
+
+
+def fleet_config(
+    *, failures: tuple[FailureSpec, ...] = (), steps: tuple[RateStep, ...] = ()
+) -> FleetConfig:
+    """The shared base fleet, with `failures` injected and the arrival rate stepped."""
+    arrival = (
+        ArrivalSpec(kind=ArrivalKind.STEPS, rate_rps=RATE_RPS, steps=steps)
+        if steps
+        else ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=RATE_RPS)
+    )
+    # Long answers keep a few requests running on each replica at a modest request rate (the
+    # emulator's cost grows with requests, not tokens), so a squeezed KV pool fills.
+    workload = WorkloadSpec(
+        arrival=arrival,
+        output_tokens=Distribution.lognormal(400.0, 0.6, min_value=1, max_value=2000),
+        max_tokens=2000,
+        conversation=ConversationSpec(turns_mean=4.0),
+        tenants=(
+            TenantSpec("chat", weight=3.0, system_prompt_tokens=600),
+            TenantSpec("batch-api", weight=1.0, system_prompt_tokens=0),
+        ),
+        max_context_tokens=3500,
+    )
+    # A larger model than the default (prefill about 1,700 tokens/s per replica) with a
+    # small batch limit, so a step to a few times the base rate fills every batch and queues.
+    engine = replace(
+        EngineParams(),
+        step_base_s=0.02,
+        step_per_seq_s=0.0002,
+        step_per_prefill_token_s=0.0006,
+        max_num_seqs=32,
+        max_model_len=4096,
+    )
+    return FleetConfig(
+        topology=TopologySpec(hosts_per_zone=1, replicas_per_host=2),
+        engine=engine,
+        router=RouterSpec(policy=RouterPolicy.PREFIX_AFFINITY),
+        workload=workload,
+        failures=failures,
+    )
+
+
+def record(config: FleetConfig, folder: Path, *, minutes: float, seed: int = 7) -> Path:
+    """Record `minutes` of the fleet into `folder` (a new fixture folder)."""
+    writer = FixtureWriter(
+        folder,
+        config.placements(),
+        start_s=START_S,
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        engine=EngineSettings.from_engine(config.engine),
+        seed=seed,
+    )
+    simulation = FleetSimulation(config, observer=writer, seed=seed, start_s=START_S)
+    record_fixture(simulation, writer, end_s=START_S + minutes * 60)
+    return folder
+
+
+def _eager(frame: pl.LazyFrame) -> pl.LazyFrame:
+    return frame.collect().lazy()
+
+
+def health_inputs(store: Store, *, start: datetime, end: datetime) -> HealthInputs:
+    """What the detectors read, from the store's read methods, held in memory so the inputs
+    outlive the store."""
+    return HealthInputs(
+        start=start,
+        end=end,
+        points=_eager(store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)),
+        dimensions=_eager(series_dimensions(store.read_series(), store.read_targets())),
+        requests=_eager(store.read_requests(from_ts=start, to_ts=end)),
+        targets=_eager(store.read_targets()),
+        scrapes=_eager(store.read_scrapes(from_ts=start, to_ts=end)),
+    )
+
+
+def recorded_inputs(config: FleetConfig, folder: Path, *, minutes: float) -> HealthInputs:
+    """Record, replay into an in-memory store and read the whole recording back."""
+    record(config, folder, minutes=minutes)
+    with Store.open(":memory:") as store:
+        replay_fixture(folder, store=store)
+        return health_inputs(store, start=START, end=START + timedelta(minutes=minutes))
