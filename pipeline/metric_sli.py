@@ -203,3 +203,196 @@ def counter_minutes(
         .group_by("minute_ts", *by)
         .agg(pl.col("delta").sum().alias(name))
     )
+
+
+# The histogram-sourced latency SLIs of `servewatch sli`: (name stem, signal).
+LATENCY_HISTOGRAMS: tuple[tuple[str, Signal], ...] = (
+    ("ttft", Signal.TTFT_S),
+    ("itl", Signal.INTER_TOKEN_LATENCY_S),
+    ("tpot", Signal.REQUEST_TPOT_S),
+    ("e2e", Signal.E2E_LATENCY_S),
+)
+QUANTILES: tuple[tuple[int, float], ...] = ((50, 0.5), (90, 0.9), (95, 0.95), (99, 0.99))
+# Counters reported as increases over the window: (column, signal).
+COUNTERS: tuple[tuple[str, Signal], ...] = (
+    ("prompt_tokens", Signal.PROMPT_TOKENS),
+    ("generation_tokens", Signal.GENERATION_TOKENS),
+    ("preemptions", Signal.PREEMPTIONS),
+    ("prefix_cache_hits_tokens", Signal.PREFIX_CACHE_HITS_TOKENS),
+    ("prefix_cache_queries_tokens", Signal.PREFIX_CACHE_QUERIES_TOKENS),
+)
+# Gauges: (column stem, signal, how the series of a group combine). Counts and power add up
+# over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the total);
+# ratios average (`avg by (group) (avg_over_time(x[w]))`). The max is always the highest one
+# series reached (`max by (group) (max_over_time(x[w]))`).
+GAUGES: tuple[tuple[str, Signal, str], ...] = (
+    ("kv_cache_usage_ratio", Signal.KV_CACHE_USAGE_RATIO, "mean"),
+    ("requests_running", Signal.REQUESTS_RUNNING, "sum"),
+    ("requests_waiting", Signal.REQUESTS_WAITING, "sum"),
+    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO, "mean"),
+    ("gpu_power_w", Signal.GPU_POWER_W, "sum"),
+)
+
+
+def with_host_replicas(dimensions: pl.LazyFrame) -> pl.LazyFrame:
+    """DCGM series of a host-level exporter (no replica of their own) attributed to the
+    replicas the engine targets place on that host, with their pool and model. A host serving
+    two replicas appears under both; group-level figures count each series once per group."""
+    engines = (
+        dimensions.filter(pl.col("source") != "dcgm")
+        .select("host", "replica", "pool", "model")
+        .drop_nulls(["host", "replica"])
+        .unique()
+    )
+    unplaced = (
+        (pl.col("source") == "dcgm") & pl.col("replica").is_null() & pl.col("host").is_not_null()
+    )
+    placed = (
+        dimensions.filter(unplaced)
+        .drop("replica", "pool", "model")
+        .join(engines, on="host", how="inner")
+    )
+    return pl.concat([dimensions.filter(~unplaced), placed], how="diagonal_relaxed")
+
+
+def _group_series(dimensions: pl.LazyFrame, scope: Scope) -> pl.LazyFrame:
+    return dimensions.select("series_id", "signal", *scope.columns).unique()
+
+
+def latency_quantiles(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """p50/p90/p95/p99 of every latency histogram of `LATENCY_HISTOGRAMS`, each
+    `histogram_quantile(q, sum by (group, le) (increase(x_bucket[range])))`, with the number
+    of observations (the +Inf bucket's increase). One row per group and window; columns
+    `<stem>_p<p>_s` and `<stem>_observations`."""
+    signals = [signal.value for _, signal in LATENCY_HISTOGRAMS]
+    buckets = dimensions.filter(pl.col("signal").is_in(signals) & pl.col("le").is_not_null())
+    by = [*scope.columns, "window_end_s"]
+    summed = (
+        _increases(
+            points,
+            buckets.select("series_id", "le", "signal", *scope.columns).unique(),
+            range_s=range_s,
+            window_ends_s=window_ends_s,
+        )
+        .group_by("signal", *by, "le")
+        .agg(pl.col("increase").sum())
+    )
+    columns: list[pl.LazyFrame] = [summed.select(by).unique()]
+    for stem, signal in LATENCY_HISTOGRAMS:
+        of_signal = summed.filter(pl.col("signal") == signal.value)
+        columns.append(
+            of_signal.filter(pl.col("le") == float("inf"))
+            .group_by(by)
+            .agg(pl.col("increase").sum().alias(f"{stem}_observations"))
+        )
+        columns.extend(
+            histogram_quantile_frame(
+                of_signal, q=q, by=by, count_column="increase", value_column=f"{stem}_p{p}_s"
+            )
+            for p, q in QUANTILES
+        )
+    joined = columns[0]
+    for frame in columns[1:]:
+        joined = joined.join(frame, on=by, how="left", nulls_equal=True)
+    return joined.sort(by, nulls_last=True)
+
+
+def counter_table(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """`sum by (group) (increase(c[range]))` of every counter of `COUNTERS`, one column each
+    (null where the group exposes no such series), and the prefix-cache hit ratio from the
+    two prefix-cache increases (`counter_ratio`). One row per group and window."""
+    signals = [signal.value for _, signal in COUNTERS]
+    chosen = dimensions.filter(pl.col("signal").is_in(signals) & pl.col("le").is_null())
+    by = [*scope.columns, "window_end_s"]
+    increases = _increases(
+        points, _group_series(chosen, scope), range_s=range_s, window_ends_s=window_ends_s
+    )
+    signal = pl.col("signal")
+    table = increases.group_by(by).agg(
+        pl.when((signal == counter.value).any())
+        .then(pl.col("increase").filter(signal == counter.value).sum())
+        .alias(name)
+        for name, counter in COUNTERS
+    )
+    hits = table.select(*by, increase=pl.col("prefix_cache_hits_tokens"))
+    queries = table.select(*by, increase=pl.col("prefix_cache_queries_tokens"))
+    ratio = counter_ratio(hits, queries, scope=scope, name="prefix_cache_hit_ratio")
+    return table.join(ratio, on=by, how="left", nulls_equal=True).sort(by, nulls_last=True)
+
+
+def finish_reasons(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """Finished requests by reason: `sum by (group, finished_reason)
+    (increase(request_success_total[range]))`. Columns: scope, finished_reason, window_end_s,
+    increase."""
+    return counter_increases(
+        points,
+        dimensions,
+        signal=Signal.REQUESTS_FINISHED,
+        range_s=range_s,
+        window_ends_s=window_ends_s,
+        scope=scope,
+        by_labels=["finished_reason"],
+    )
+
+
+def gauge_table(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """Every gauge of `GAUGES` over each window: `<stem>_mean` (the group's combination of
+    each series' `avg_over_time`) and `<stem>_max` (`max_over_time` of the highest series).
+    Windows must not overlap, as for `gauge_stats`. One row per group and window."""
+    ends_sorted = sorted(window_ends_s)
+    if any(b - a < range_s for a, b in pairwise(ends_sorted)):
+        raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
+    signals = [signal.value for _, signal, _ in GAUGES]
+    chosen = dimensions.filter(pl.col("signal").is_in(signals))
+    ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
+    per_series = (
+        points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
+        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
+        .sort("ts_s")
+        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
+        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
+        .group_by("series_id", "window_end_s")
+        .agg(avg=pl.col("value").mean(), top=pl.col("value").max())
+    )
+    by = [*scope.columns, "window_end_s"]
+    grouped = per_series.join(_group_series(chosen, scope), on="series_id", how="inner")
+    signal = pl.col("signal")
+    aggregations: list[pl.Expr] = []
+    for stem, gauge, combine in GAUGES:
+        mine = signal == gauge.value
+        average = pl.col("avg").filter(mine)
+        aggregations += [
+            pl.when(mine.any())
+            .then(average.sum() if combine == "sum" else average.mean())
+            .alias(f"{stem}_mean"),
+            pl.col("top").filter(mine).max().alias(f"{stem}_max"),
+        ]
+    return grouped.group_by(by).agg(aggregations).sort(by, nulls_last=True)

@@ -4,6 +4,10 @@ Counts (requests, failures, tokens, good events) are additive, so any window is 
 minutes and a rate over it is exact rather than an average of ratios. The per-minute latency
 percentiles are descriptive only (percentiles do not add); windowed percentiles come from the
 raw requests. A request belongs to the minute in which it finished.
+
+These Polars transforms are the definition; the rollup job runs the same computation inside
+DuckDB (`Store.aggregate_request_minutes`, `Store.aggregate_slo_minutes`) so a day of requests
+never leaves the database, and the tests hold the two equal.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Cost grows with what arrived, not with history: the job finds the minutes touched by requests
 ingested since its last run (late data included, however late), recomputes exactly those
 minutes from the raw rows, and swaps them in with the new watermark in one transaction. A change
-of SLO criteria (a different fingerprint) recomputes everything once.
+of SLO criteria (a different fingerprint) recomputes everything once. The per-minute
+aggregation runs in the store (DuckDB), as `pipeline.request_minutes` defines it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime
 
 import polars as pl
 
-from pipeline.request_minutes import EventCriterion, request_minutes, slo_minutes
+from pipeline.request_minutes import EventCriterion
 from pipeline.store import Store
 from pipeline.tables import REQUEST_MINUTES_SCHEMA, SLO_MINUTES_SCHEMA
 
@@ -42,7 +43,8 @@ def _roll_up(
     *,
     table: str,
     fingerprint: str,
-    compute: Callable[[pl.LazyFrame], pl.LazyFrame],
+    compute: Callable[[Sequence[datetime] | None], pl.LazyFrame],
+    count: Callable[[pl.DataFrame], int],
     schema: pl.Schema,
 ) -> RollupReport:
     watermark_ts, stored_fingerprint = store.watermark(table)
@@ -50,11 +52,16 @@ def _roll_up(
     # seen now, and anything written later is stamped at or after it.
     run_ts = store.now()
     full = stored_fingerprint != fingerprint
-    minutes = store.minutes_ingested_since(None if full else watermark_ts)
-    if not minutes and not full:
-        return RollupReport(minutes=0, requests=0, full=False, watermark_ts=watermark_ts)
-    requests = store.read_requests_in_minutes(minutes)
-    rows, counted = pl.collect_all([compute(requests), requests.select(pl.len())])
+    # The aggregation runs where the rows are (see Store.aggregate_request_minutes): only
+    # per-minute rows cross into Polars, so memory follows the minutes, not the requests.
+    if full:
+        rows = compute(None).collect()
+        minutes = rows["minute_ts"].unique().sort().to_list()
+    else:
+        minutes = store.minutes_ingested_since(watermark_ts)
+        if not minutes:
+            return RollupReport(minutes=0, requests=0, full=False, watermark_ts=watermark_ts)
+        rows = compute(minutes).collect()
     store.replace_minute_rollup(
         table,
         minutes=minutes,
@@ -63,9 +70,7 @@ def _roll_up(
         fingerprint=fingerprint,
         full=full,
     )
-    return RollupReport(
-        minutes=len(minutes), requests=int(counted.item()), full=full, watermark_ts=run_ts
-    )
+    return RollupReport(minutes=len(minutes), requests=count(rows), full=full, watermark_ts=run_ts)
 
 
 def roll_up_request_minutes(store: Store) -> RollupReport:
@@ -74,7 +79,8 @@ def roll_up_request_minutes(store: Store) -> RollupReport:
         store,
         table="request_minutes",
         fingerprint=REQUEST_MINUTES_VERSION,
-        compute=request_minutes,
+        compute=store.aggregate_request_minutes,
+        count=lambda rows: int(rows["requests"].sum()),
         schema=REQUEST_MINUTES_SCHEMA,
     )
 
@@ -85,7 +91,10 @@ def roll_up_slo_minutes(store: Store, *, criteria: Sequence[EventCriterion]) -> 
         store,
         table="slo_minutes",
         fingerprint=criteria_fingerprint(criteria),
-        compute=lambda requests: slo_minutes(requests, criteria=criteria),
+        compute=lambda minutes: store.aggregate_slo_minutes(minutes, criteria=criteria),
+        count=lambda rows: (
+            int(rows.filter(pl.col("slo") == criteria[0].name)["total"].sum()) if criteria else 0
+        ),
         schema=SLO_MINUTES_SCHEMA,
     )
 

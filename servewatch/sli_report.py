@@ -1,5 +1,7 @@
-"""The SLI report: request SLIs per group (replica, pool, model) and for the fleet, as one
-JSON-ready document, optionally with a series of consecutive windows."""
+"""The SLI report: SLIs per group (replica, pool, model) and for the fleet, as one JSON-ready
+document, optionally with a series of consecutive windows, from either source or both: traced
+requests (exact per-request percentiles, attainment, goodput) and scraped vLLM/DCGM series
+(histogram quantiles as PromQL computes them, engine state, token throughput, GPU signals)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,20 @@ from typing import Any
 import polars as pl
 
 from pipeline.cross_check import cross_check
-from pipeline.metric_sli import Scope, histogram_quantiles, series_dimensions
+from pipeline.metric_sli import (
+    COUNTERS,
+    GAUGES,
+    LATENCY_HISTOGRAMS,
+    QUANTILES,
+    Scope,
+    counter_table,
+    finish_reasons,
+    gauge_table,
+    histogram_quantiles,
+    latency_quantiles,
+    series_dimensions,
+    with_host_replicas,
+)
 from pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from pipeline.signals import Signal
 from pipeline.store import Store
@@ -50,6 +65,22 @@ class Grouping(Enum):
     FLEET = "fleet"
 
 
+class SliSource(Enum):
+    """Which data the report reads: traced requests, scraped histograms and series, or both."""
+
+    TRACES = "traces"
+    HISTOGRAMS = "histograms"
+    BOTH = "both"
+
+    @property
+    def traces(self) -> bool:
+        return self is not SliSource.HISTOGRAMS
+
+    @property
+    def histograms(self) -> bool:
+        return self is not SliSource.TRACES
+
+
 def _groups(frame: pl.DataFrame, column: str | None) -> list[dict[str, Any]]:
     if column is None:
         return []
@@ -57,6 +88,39 @@ def _groups(frame: pl.DataFrame, column: str | None) -> list[dict[str, Any]]:
 
 
 def build_sli_report(
+    store: Store,
+    *,
+    limits: GoodputLimits,
+    from_ts: datetime | None = None,
+    to_ts: datetime | None = None,
+    by: Grouping = Grouping.REPLICA,
+    step: timedelta | None = None,
+    source: SliSource = SliSource.TRACES,
+) -> dict[str, Any]:
+    """The SLI report of `source`: the trace keys (`limits`, `overall`, `groups`, `series`,
+    `cross_check`) when it includes traces, and `histograms` when it includes histograms and
+    the store holds scraped points in the window (see `histogram_section`).
+    `window` and `by` describe the request selection; `source` says what was asked for.
+    """
+    report: dict[str, Any] = {"source": source.value, "by": by.value}
+    if source.traces:
+        report |= trace_section(
+            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step
+        )
+    else:
+        report["window"] = {
+            "from": format_instant(from_ts),
+            "to": format_instant(to_ts),
+            "window_s": (to_ts - from_ts).total_seconds() if from_ts and to_ts else None,
+        }
+    if source.histograms:
+        section = histogram_section(store, from_ts=from_ts, to_ts=to_ts, by=by, step=step)
+        if section is not None:
+            report["histograms"] = section
+    return report
+
+
+def trace_section(
     store: Store,
     *,
     limits: GoodputLimits,
@@ -181,3 +245,166 @@ def _cross_check(
         }
         for row in checked.iter_rows(named=True)
     ]
+
+
+def _epoch_s(moment: datetime) -> float:
+    return moment.replace(tzinfo=UTC).timestamp()
+
+
+def _instant(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).replace(tzinfo=None)
+
+
+def _per_s(value: float | None, window_s: float) -> float | None:
+    return None if value is None else value / window_s
+
+
+def _metric_block(
+    row: dict[str, Any], reasons: dict[str, float], window_s: float
+) -> dict[str, Any]:
+    """One group's histogram-sourced SLIs over one window, in the documented JSON shape."""
+    out: dict[str, Any] = {}
+    for stem, _ in LATENCY_HISTOGRAMS:
+        out[f"{stem}_s"] = {f"p{p}": row.get(f"{stem}_p{p}_s") for p, _ in QUANTILES}
+        out[f"{stem}_s"]["observations"] = row.get(f"{stem}_observations")
+    for stem, _, _ in GAUGES:
+        out[stem] = {"mean": row.get(f"{stem}_mean"), "max": row.get(f"{stem}_max")}
+    out["prefix_cache_hit_ratio"] = row.get("prefix_cache_hit_ratio")
+    for name, _ in COUNTERS:
+        out[name] = row.get(name)
+    out["prompt_tokens_per_s"] = _per_s(row.get("prompt_tokens"), window_s)
+    out["generation_tokens_per_s"] = _per_s(row.get("generation_tokens"), window_s)
+    out["finish_reasons"] = reasons
+    return out
+
+
+def _metric_tables(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: list[float],
+    scope: Scope,
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(one wide row per group and window, finish reasons per group and window)."""
+    args: dict[str, Any] = {"range_s": range_s, "window_ends_s": window_ends_s, "scope": scope}
+    by = [*scope.columns, "window_end_s"]
+    wide = (
+        latency_quantiles(points, dimensions, **args)
+        .join(counter_table(points, dimensions, **args), on=by, how="full", coalesce=True)
+        .join(gauge_table(points, dimensions, **args), on=by, how="full", coalesce=True)
+        .sort(by, nulls_last=True)
+    )
+    return wide, finish_reasons(points, dimensions, **args)
+
+
+def _blocks(
+    wide: pl.DataFrame, reasons: pl.DataFrame, *, column: str | None, window_s: float
+) -> dict[tuple[Any, float], dict[str, Any]]:
+    """Metric blocks keyed by (group or None, window end)."""
+    by_reason: dict[tuple[Any, float], dict[str, float]] = {}
+    for row in reasons.iter_rows(named=True):
+        key = (row[column] if column else None, row["window_end_s"])
+        by_reason.setdefault(key, {})[str(row["finished_reason"])] = row["increase"]
+    return {
+        (row[column] if column else None, row["window_end_s"]): _metric_block(
+            row,
+            by_reason.get((row[column] if column else None, row["window_end_s"]), {}),
+            window_s,
+        )
+        for row in wide.iter_rows(named=True)
+    }
+
+
+def histogram_section(
+    store: Store,
+    *,
+    from_ts: datetime | None = None,
+    to_ts: datetime | None = None,
+    by: Grouping = Grouping.REPLICA,
+    step: timedelta | None = None,
+) -> dict[str, Any] | None:
+    """SLIs from scraped series over [from_ts, to_ts] (default: the stored points' span), as
+    PromQL evaluates them at `to` with the range `to - from`: histogram quantiles of TTFT,
+    ITL, TPOT and e2e, counter increases, gauge means and maxima, GPU signals; per group and
+    for the fleet, and with `step` per consecutive window (aligned to from_ts, or to the first
+    point rounded down to the step). None when no point was scraped in the window."""
+    span = store.points_range()
+    if span is None:
+        return None
+    start, end = from_ts or span[0], to_ts or span[1]
+    if end <= start or span[1] < start or span[0] > end:
+        return None
+    # Range selectors include both edges; read_points excludes its upper bound.
+    points = store.read_points(from_ts=start, to_ts=end + timedelta(microseconds=1))
+    dimensions = with_host_replicas(series_dimensions(store.read_series(), store.read_targets()))
+    scope = Scope(by.value)
+    column = None if scope is Scope.FLEET else scope.value
+    window_s = (end - start).total_seconds()
+    plans = [
+        *_metric_tables(
+            points, dimensions, range_s=window_s, window_ends_s=[_epoch_s(end)], scope=Scope.FLEET
+        )
+    ]
+    if column:
+        plans += _metric_tables(
+            points, dimensions, range_s=window_s, window_ends_s=[_epoch_s(end)], scope=scope
+        )
+    ends: list[float] = []
+    if step is not None:
+        step_s = step.total_seconds()
+        origin = _epoch_s(start) if from_ts else _epoch_s(start) // step_s * step_s
+        ends = [origin + k * step_s for k in range(1, int((_epoch_s(end) - origin) // step_s) + 1)]
+        if ends:
+            series_args = {"range_s": step_s, "window_ends_s": ends}
+            plans += _metric_tables(points, dimensions, scope=Scope.FLEET, **series_args)  # type: ignore[arg-type]
+            if column:
+                plans += _metric_tables(points, dimensions, scope=scope, **series_args)  # type: ignore[arg-type]
+    collected = pl.collect_all(plans)
+    overall = _blocks(collected[0], collected[1], column=None, window_s=window_s)
+    empty = _metric_block({}, {}, window_s)
+    section: dict[str, Any] = {
+        "window": {"from": format_instant(start), "to": format_instant(end), "window_s": window_s},
+        "overall": overall.get((None, _epoch_s(end)), empty),
+        "groups": [],
+    }
+    if column:
+        grouped = _blocks(collected[2], collected[3], column=column, window_s=window_s)
+        section["groups"] = [
+            {column: key[0], **block}
+            for key, block in sorted(
+                grouped.items(), key=lambda item: (item[0][0] is None, str(item[0][0]))
+            )
+        ]
+    if step is not None:
+        offset = 4 if column else 2
+        step_s = step.total_seconds()
+        fleet_windows: dict[tuple[Any, float], dict[str, Any]] = {}
+        group_windows: dict[tuple[Any, float], dict[str, Any]] = {}
+        if ends:
+            fleet_windows = _blocks(
+                collected[offset], collected[offset + 1], column=None, window_s=step_s
+            )
+            if column:
+                group_windows = _blocks(
+                    collected[offset + 2], collected[offset + 3], column=column, window_s=step_s
+                )
+        section["series"] = [
+            {
+                "from": format_instant(_instant(end_s - step_s)),
+                "to": format_instant(_instant(end_s)),
+                "overall": fleet_windows.get((None, end_s), _metric_block({}, {}, step_s)),
+                "groups": [
+                    {column: key[0], **block}
+                    for key, block in sorted(
+                        group_windows.items(),
+                        key=lambda item: (item[0][0] is None, str(item[0][0])),
+                    )
+                    if key[1] == end_s
+                ]
+                if column
+                else [],
+            }
+            for end_s in ends
+        ]
+    return section
