@@ -35,35 +35,50 @@ from capacity.worksheet import size as size_worksheet
 from capacity.worksheet import size_from_file
 from collectors.fixture_folder import FixtureError
 from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from collectors.prometheus_api import PrometheusApiError
+from collectors.prometheus_reader import ImportWindow, Resolution
 from collectors.replay import fixture_page_count, replay_fixture
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from dashboards.export import write_report
 from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
+from emulator.native import describe as emulator_implementation
 from pipeline.request_sli import GoodputLimits
+from pipeline.rollout_comparison import VersionLabelError
 from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
 from servewatch.emulation import record_emulated_fleet, serve_emulated_fleet
+from servewatch.health_service import (
+    DEFAULT_VERSION_LABEL,
+    finding_json,
+    health_findings,
+    health_window,
+)
 from servewatch.instants import format_instant, parse_duration, parse_instant
+from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.recommend_service import recommend_from_store
+from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
+from servewatch.recording import record as record_live
 from servewatch.render import (
     alerts_table,
     change_json,
     demo_summary,
     err_console,
+    health_table,
     out_console,
     print_json,
+    sli_histogram_tables,
     sli_series_table,
     sli_table,
     slo_status_table,
 )
 from servewatch.report_service import store_report
-from servewatch.scraping import resolve_targets, scrape_round, wait_for_next_round
+from servewatch.scraping import resolve_targets, scrape_round, scrape_until
 from servewatch.service import Service
-from servewatch.sli_report import Grouping, build_sli_report
+from servewatch.sli_report import Grouping, SliSource, build_sli_report
 from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
 from slo.alert_state import changes_from_frame
 from slo.alertmanager import AlertmanagerNotifier
@@ -349,11 +364,120 @@ def replay(
     )
 
 
+@app.command("record")
+def record_command(
+    config_path: Annotated[
+        Path, typer.Option("--config", help="servewatch.toml: targets and the OTLP listener.")
+    ] = Path("servewatch.toml"),
+    out: Annotated[
+        Path, typer.Option("--out", help="New (or empty) folder for the fixture.")
+    ] = Path("recording"),
+    minutes: Annotated[float, typer.Option(help="How long to record (fractions allowed).")] = 5.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Record live scrapes and received OTLP spans as a fixture folder for `servewatch replay`.
+
+    Targets are scraped every scrape.interval_s and spans received on the configured OTLP
+    address; nothing is written to the store (replay the folder for that). Ctrl-C or SIGTERM
+    ends the recording early and still leaves a valid fixture.
+    """
+    config = _load_config(config_path)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    with Progress(
+        TextColumn("record rounds"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        total = planned_rounds(minutes=minutes, interval_s=config.scrape.interval_s)
+        task = progress.add_task("record", total=total, detail="")
+
+        def show(p: RecordingProgress) -> None:
+            detail = f"{p.pages} pages, {p.failed_scrapes} failed, {p.spans} spans"
+            progress.update(task, completed=p.rounds, detail=detail)
+
+        try:
+            manifest = record_live(config, out=out, minutes=minutes, stop=stop, on_progress=show)
+        except (RecordingError, FixtureError) as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    summary = {
+        "fixture": str(out),
+        "time_range": manifest["time_range"],
+        "rounds": manifest["pages"]["scrapes"],
+        "pages": manifest["pages"]["count"],
+        "failed_scrapes": manifest["pages"]["failed"],
+        "spans": manifest["spans"]["count"],
+        "targets": len(manifest["targets"]),
+        "stopped_early": stop.is_set(),
+    }
+    if as_json:
+        print_json(summary)
+        return
+    out_console.print(
+        f"wrote {out}: {summary['rounds']} rounds of {summary['targets']} targets "
+        f"({summary['pages']} pages, {summary['failed_scrapes']} failed), "
+        f"{summary['spans']} spans; replay with `servewatch replay {out}`",
+        highlight=False,
+    )
+
+
 def _load_config(path: Path) -> Config:
     try:
         return load_config(path)
     except ConfigError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+
+
+def _scrape_from_prometheus(
+    url: str,
+    *,
+    config_path: Path,
+    from_: str | None,
+    to: str | None,
+    step: str | None,
+    raw: bool,
+    keep_uncatalogued: bool,
+    as_json: bool,
+) -> None:
+    # The config is optional here: it only lends the store path, step and keep option.
+    config = _load_config(config_path) if config_path.exists() else None
+    if config is not None and config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
+        state.db = config.store_path
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    if from_ts is None or to_ts is None:
+        raise fail("--from-prometheus needs --from and --to", code=EXIT_BAD_INPUT)
+    try:
+        step_s = (
+            parse_duration(step).total_seconds()
+            if step is not None
+            else (config.scrape.interval_s if config is not None else 15.0)
+        )
+        window = ImportWindow(
+            start=from_ts,
+            end=to_ts,
+            step_s=step_s,
+            resolution=Resolution.RAW if raw else Resolution.STEP,
+        )
+    except ValueError as exc:
+        raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
+    keep = keep_uncatalogued or (config is not None and config.scrape.keep_uncatalogued)
+    with open_store() as store:
+        try:
+            report = import_from_prometheus(url, store=store, window=window, keep_uncatalogued=keep)
+        except PrometheusApiError as exc:
+            raise fail(f"{exc} (chunks imported before this are kept; rerun to resume)") from exc
+    if as_json:
+        print_json(import_json(report, window=window))
+        return
+    out_console.print(import_summary(report), highlight=False)
+    for problem in report.problems:
+        err_console.print(f"[yellow]problem[/] {problem}", highlight=False)
 
 
 @app.command()
@@ -362,14 +486,72 @@ def scrape(
         Path, typer.Option("--config", help="servewatch.toml with the targets to scrape.")
     ] = Path("servewatch.toml"),
     once: Annotated[bool, typer.Option(help="Scrape every target once and exit.")] = False,
+    from_prometheus: Annotated[
+        str | None,
+        typer.Option(
+            "--from-prometheus",
+            metavar="URL",
+            help="Instead of scraping, import --from..--to from this Prometheus (Thanos, "
+            "Mimir) HTTP API root, e.g. http://prometheus:9090 (docs/prometheus-import.md).",
+        ),
+    ] = None,
+    from_: FromOption = None,
+    to: ToOption = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            help="With --from-prometheus: step between imported instants (15s, 1m); default "
+            "scrape.interval_s of --config, else 15s. With --raw it sizes the chunks only.",
+        ),
+    ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="With --from-prometheus: import the samples as Prometheus stored them, at "
+            "their scrape times, instead of values at step instants.",
+        ),
+    ] = False,
+    keep_uncatalogued: Annotated[
+        bool,
+        typer.Option(
+            "--keep-uncatalogued",
+            help="With --from-prometheus: import every other family of the same jobs too "
+            "(as scrape.keep_uncatalogued does for scrapes).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Scrape every target's /metrics concurrently into the store.
+    """Scrape every target's /metrics concurrently into the store, or import from Prometheus.
 
     Each target has its own timeout: a slow or dead one is recorded as a failed scrape and
-    delays no other. Without --once, scraping repeats every scrape.interval_s until
-    interrupted (`servewatch run` does this together with the other jobs).
+    delays no other. Without --once, each target is scraped on its own schedule (its
+    interval, at a stable offset within it) until Ctrl-C or SIGTERM, and pages are stored in
+    batches as they come (`servewatch run` does this together with the other jobs).
+
+    With --from-prometheus URL --from T --to T, the catalogued families a Prometheus already
+    holds for the range are read through its HTTP API into the same tables instead;
+    importing a range twice changes nothing.
     """
+    if from_prometheus is not None:
+        _scrape_from_prometheus(
+            from_prometheus,
+            config_path=config_path,
+            from_=from_,
+            to=to,
+            step=step,
+            raw=raw,
+            keep_uncatalogued=keep_uncatalogued,
+            as_json=as_json,
+        )
+        return
+    if from_ or to or step or raw or keep_uncatalogued:
+        raise fail(
+            "--from, --to, --step, --raw and --keep-uncatalogued need --from-prometheus URL; "
+            "live scrapes use the config's settings",
+            code=EXIT_BAD_INPUT,
+        )
     config = _load_config(config_path)
     if config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
         state.db = config.store_path
@@ -379,22 +561,40 @@ def scrape(
     if not targets:
         raise fail(f"{config_path}: no targets to scrape", code=EXIT_BAD_INPUT)
     rounds: list[MetricIngestReport] = []
+
+    def show(report: MetricIngestReport) -> None:
+        rounds.append(report)
+        if as_json:
+            return
+        out_console.print(
+            f"stored {report.pages} pages: {report.stored_samples} samples, "
+            f"{len(report.failed_scrapes)} failed, {len(report.line_errors)} malformed lines",
+            highlight=False,
+        )
+        for failed in report.failed_scrapes:
+            err_console.print(f"[yellow]failed[/] {failed}", highlight=False)
+
     with open_store() as store:
-        while True:
-            report = scrape_round(targets, store=store, settings=config.scrape)
-            rounds.append(report)
-            if not as_json:
-                out_console.print(
-                    f"scraped {report.pages} targets: {report.stored_samples} samples, "
-                    f"{len(report.failed_scrapes)} failed, {len(report.line_errors)} malformed "
-                    "lines",
-                    highlight=False,
+        if once:
+            show(scrape_round(targets, store=store, settings=config.scrape))
+        else:
+            stop = threading.Event()
+            previous = {
+                s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)
+            }
+            try:
+                scrape_until(
+                    config,
+                    store=store,
+                    stop=stop,
+                    on_report=show,
+                    on_problem=lambda p: err_console.print(
+                        f"[yellow]targets:[/] {p}", highlight=False
+                    ),
                 )
-                for failed in report.failed_scrapes:
-                    err_console.print(f"[yellow]failed[/] {failed}", highlight=False)
-            if once:
-                break
-            wait_for_next_round(config.scrape.interval_s)
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
     if as_json:
         print_json({"rounds": [_metric_json(r) for r in rounds]})
 
@@ -419,12 +619,23 @@ def sli(
         str | None,
         typer.Option("--window", help="Also report consecutive windows of this length (5m, 1h)."),
     ] = None,
+    source: Annotated[
+        SliSource,
+        typer.Option(
+            "--source",
+            help="traces (request spans), histograms (scraped vLLM and DCGM series) or both.",
+        ),
+    ] = SliSource.BOTH,
     as_json: JsonOption = False,
 ) -> None:
-    """Request SLIs from traces: TTFT, TPOT, e2e percentiles, attainment and goodput.
+    """SLIs from traces and from scraped histograms, per replica, pool, model or fleet.
 
-    Requests are selected by completion time. Goodput counts requests that succeeded and met
-    every given limit, per second of the window; without limits it is not computed.
+    Traces: TTFT, TPOT, e2e percentiles, attainment and goodput of requests selected by
+    completion time; goodput counts requests that succeeded and met every given limit, per
+    second of the window (not computed without limits). Histograms: TTFT, ITL, TPOT and e2e
+    quantiles as PromQL's histogram_quantile over the window, KV-cache usage, prefix-cache hit
+    rate, running and waiting requests, preemptions, token throughput, finish reasons and GPU
+    utilisation and power, shown when scraped series exist in the window.
     """
     from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
     if from_ts and to_ts and to_ts <= from_ts:
@@ -445,15 +656,23 @@ def sli(
             raise fail(f"--window: {exc}", code=EXIT_BAD_INPUT) from exc
     with open_store() as store:
         report = build_sli_report(
-            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step
+            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step, source=source
         )
     if as_json:
         print_json(report)
     else:
-        out_console.print(sli_table(report))
-        if step is not None:
-            out_console.print(sli_series_table(report))
-    if report["overall"]["requests"] == 0:
+        if source.traces:
+            out_console.print(sli_table(report))
+            if step is not None:
+                out_console.print(sli_series_table(report))
+        if "histograms" in report:
+            for table in sli_histogram_tables(report):
+                out_console.print(table)
+    if source.histograms and "histograms" not in report:
+        err_console.print(
+            f"no scraped series in {state.db} for this window: scrape or replay first"
+        )
+    if source.traces and report["overall"]["requests"] == 0:
         err_console.print(f"no requests in {state.db} for this window: ingest traces first")
 
 
@@ -651,11 +870,74 @@ def alerts(as_json: JsonOption = False) -> None:
     out_console.print(alerts_table(changes))
 
 
+VersionLabelOption = Annotated[
+    str,
+    typer.Option(
+        "--version-label",
+        help="What tells rollout versions apart: model (the served model name), or a target "
+        "or series label such as pool or image.",
+    ),
+]
+
+
+@app.command()
+def health(
+    from_: FromOption = None,
+    to: ToOption = None,
+    version_label: VersionLabelOption = DEFAULT_VERSION_LABEL,
+    zone_loss: Annotated[
+        bool,
+        typer.Option(help="Whether losing a zone is in scope (flags pools in a single zone)."),
+    ] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Which failure mode the data shows, where, since when and how sure: slow replicas, KV
+    pool pressure, affinity loss, traffic steps, regressing rollouts and shared failure domains
+    (host loss, replicas without host or zone, all capacity in one zone).
+
+    The window defaults to everything stored; an empty end (null in JSON) means ongoing.
+    """
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    if from_ts and to_ts and to_ts <= from_ts:
+        raise fail(
+            f"--to ({format_instant(to_ts)}) must be after --from ({format_instant(from_ts)})",
+            code=EXIT_BAD_INPUT,
+        )
+    with open_store() as store:
+        try:
+            window = health_window(store, from_ts=from_ts, to_ts=to_ts)
+            findings = health_findings(
+                store,
+                from_ts=from_ts,
+                to_ts=to_ts,
+                version_label=version_label,
+                zone_loss_in_scope=zone_loss,
+            )
+        except ValueError as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    if as_json:
+        print_json(
+            {
+                "from": format_instant(window[0]) if window else None,
+                "to": format_instant(window[1]) if window else None,
+                "version_label": version_label,
+                "findings": [finding_json(f) for f in findings],
+            }
+        )
+    else:
+        out_console.print(health_table(findings, start=window[0] if window else None))
+    if window is None:
+        err_console.print(f"nothing stored in {state.db} to examine: scrape or replay first")
+
+
 @app.command()
 def recommend(
     requirement: Annotated[
         Path,
-        typer.Option(help="Requirement TOML: SLO latency limit, demand, failure unit, costs."),
+        typer.Option(
+            help="Requirement TOML: SLO (TTFT/TPOT limits and target ratio, or a latency "
+            "limit), demand, failure unit, costs."
+        ),
     ],
     from_: FromOption = None,
     to: ToOption = None,
@@ -708,16 +990,23 @@ def report(
     ttft_ms: Annotated[float | None, typer.Option("--ttft-ms", help="TTFT limit, ms.")] = None,
     tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", help="TPOT limit, ms.")] = None,
     images: Annotated[bool, typer.Option(help="Also write a PNG and an SVG per chart.")] = True,
+    version_label: VersionLabelOption = DEFAULT_VERSION_LABEL,
     as_json: JsonOption = False,
 ) -> None:
     """Write an offline report: report.html (scripts inlined, nothing fetched) with every chart
-    the store's data supports, plus a PNG, an SVG and the Vega-Lite JSON per chart."""
+    the store's data supports and the fleet-health findings, plus a PNG, an SVG and the
+    Vega-Lite JSON per chart."""
     from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
     limits = GoodputLimits(
         ttft_s=_limit_s(ttft_ms, "--ttft-ms"), tpot_s=_limit_s(tpot_ms, "--tpot-ms")
     )
     with open_store() as store:
-        built = store_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts)
+        try:
+            built = store_report(
+                store, limits=limits, from_ts=from_ts, to_ts=to_ts, version_label=version_label
+            )
+        except VersionLabelError as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with err_console.status("rendering charts"):
         files = write_report(built, out, images=images)
     document = {"html": str(files.html), "html_bytes": files.html_bytes, "out": str(out)}
@@ -796,6 +1085,7 @@ def emulate(
         if not hours > 0:
             raise fail(f"--hours must be positive, got {hours}", code=EXIT_BAD_INPUT)
         start_s = float(int(time.time() // 3600 * 3600) - int(hours * 3600))
+        err_console.print(emulator_implementation(), highlight=False, soft_wrap=True)
         with err_console.status(f"recording {hours:g} h of the emulated fleet"):
             manifest = record_emulated_fleet(
                 fleet,

@@ -1,8 +1,10 @@
 """The demo: an emulated day of a fleet, recorded, replayed and analysed, then a live phase.
 
-1. Record: an emulated 12-replica fleet (4 hosts, 2 zones) through a day of diurnal traffic with
-   an injected host loss and a TPOT regression on one replica, written as a fixture folder
-   (pages every 2 minutes, OTLP spans), with the emulator's ground-truth capacity.
+1. Record: an emulated 12-replica fleet (3 hosts of 4 replicas; zone-a has two hosts, zone-b
+   one) through a day of diurnal traffic with an injected loss of host-1 (zone-a) and a TPOT
+   regression on vllm-9 (host-2, zone-b, so it never coincides with the host loss), written as
+   a fixture folder (pages every 2 minutes, OTLP spans), with the emulator's ground-truth
+   capacity.
 2. Replay it into a fresh store, evaluate the SLOs minute by minute (alerts into the store),
    write the offline report and the capacity decision record.
 3. Live: the same fleet serves /metrics and sends OTLP on 127.0.0.1 while `servewatch run`'s
@@ -39,6 +41,7 @@ from emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
 from pipeline.store import Store
+from servewatch.health_service import finding_json, health_findings
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.service import Service
@@ -50,6 +53,10 @@ DAY_START_S = 1_795_046_400.0  # 2026-11-19T00:00:00Z
 DEMO_LIMITS = GoodputLimits(ttft_s=0.5, tpot_s=0.05)
 SCRAPE_INTERVAL_S = 120.0
 LIVE_INTERVAL_S = 2.0
+REPLICAS_PER_HOST = 4
+LOST_HOST = "host-1"  # zone-a's second host
+# On host-2 (zone-b): a replica on the lost host would be down when its regression starts.
+REGRESSED_REPLICA = "vllm-9"
 
 DEMO_SLOS = """\
 # The demo fleet's SLOs (servewatch spec format, docs/slo.md).
@@ -89,17 +96,18 @@ Progress = Callable[[str], None]
 
 
 def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
-    """The demo fleet: 12 replicas of a large-model profile (slow steps, at most 20 running),
-    each good for about 0.75 req/s at the SLO, so the afternoon peak runs the fleet at about
-    half its capacity and two thirds of it after the host loss; the slowed replica pushes
-    TPOT past its limit, which the goodput SLO pages on."""
+    """The demo fleet: 12 replicas of a large-model profile (slow steps, at most 20 running)
+    on 3 hosts of 4 in 2 uneven zones, each replica good for about 0.75 req/s at the SLO, so
+    the afternoon peak runs the fleet at about half its capacity and three quarters of it after
+    the host loss; the slowed replica pushes TPOT past its limit, which the goodput SLO pages
+    on."""
     day_s = hours * 3600
     failures = (
-        FailureSpec(FailureKind.HOST_LOSS, at_s=day_s * 0.60, target="host-1", duration_s=3600),
+        FailureSpec(FailureKind.HOST_LOSS, at_s=day_s * 0.60, target=LOST_HOST, duration_s=3600),
         FailureSpec(
             FailureKind.SLOW_REPLICA,
             at_s=day_s * 0.80,
-            target="vllm-7",
+            target=REGRESSED_REPLICA,
             duration_s=day_s * 0.10,
             factor=2.0,  # decode steps twice as slow: TPOT past the 50 ms limit
         ),
@@ -116,7 +124,9 @@ def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
         config,
         pool="chat",
         engine=engine,
-        topology=TopologySpec(zones=("zone-a", "zone-b"), hosts_per_zone=2, replicas_per_host=3),
+        topology=TopologySpec(
+            zones=("zone-a", "zone-b"), hosts_per_zone=(2, 1), replicas_per_host=REPLICAS_PER_HOST
+        ),
         workload=replace(
             config.workload,
             arrival=ArrivalSpec(kind=ArrivalKind.DIURNAL, rate_rps=rate_rps, peak_hour_utc=15.0),
@@ -134,7 +144,7 @@ def _requirement(capacity_req_per_min: float, peak_req_per_min: float) -> dict[s
         "slo": {"latency": "p95 TTFT", "latency_limit_s": 0.5},
         "demand": {"req_per_min": round(peak_req_per_min, 1), "growth_ratio": 1.5},
         "replica": {"capacity_req_per_min": round(capacity_req_per_min, 1)},
-        "placement": {"replicas_per_host": 3, "zones": ["zone-a", "zone-b"]},
+        "placement": {"replicas_per_host": REPLICAS_PER_HOST, "zones": ["zone-a", "zone-b"]},
         "recovery": {"interval_s": 180, "replacement_startup_s": 90},
         "cost": {"usd_per_gpu_hour": 2.5},
     }
@@ -180,7 +190,9 @@ def run_demo(
             "capacity_rps_per_replica": truth.capacity_rps,
             "slo": "TTFT 0.5 s, TPOT 0.05 s, 90%",
         },
-        description="servewatch demo: host loss and a TPOT regression on vllm-7",
+        description=(
+            f"servewatch demo: loss of {LOST_HOST} and a TPOT regression on {REGRESSED_REPLICA}"
+        ),
         generator={"seed": 1, "hours": hours, "rate_rps": rate_rps},
     )
     slo_file = out / "slos.yaml"
@@ -199,8 +211,10 @@ def run_demo(
         changes = replay_alerts(minutes, specs=specs, start=start, end=end)
         store.write_alert_changes(changes_to_frame(changes))
         statuses = status_at(store, specs=specs, at=end)
+        progress("looking for fleet-health findings")
+        findings = health_findings(store)
         progress("writing the report")
-        report = store_report(store, limits=DEMO_LIMITS)
+        report = store_report(store, limits=DEMO_LIMITS, findings=findings)
         files = write_report(report, out / "report")
         progress("sizing the fleet")
         peak = (
@@ -249,6 +263,7 @@ def run_demo(
             }
         ),
         "ground_truth_capacity_rps_per_replica": truth.capacity_rps,
+        "health_findings": [finding_json(f) for f in findings],
         "recommendation": record.verdict(),
         "riskiest_assumption": record.to_json()["risk"].get("riskiest"),
         "live": live,

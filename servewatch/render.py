@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.health_finding import Finding
 from slo.alert_state import AlertChange
 from slo.status import SloStatus
 
@@ -108,6 +109,58 @@ def sli_series_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def sli_histogram_tables(report: dict[str, Any]) -> list[Table]:
+    """SLIs from scraped series: latency quantiles, then engine state, throughput and GPUs."""
+    section = report["histograms"]
+    group = report["by"] if report["by"] != "fleet" else "scope"
+    rows = [*section["groups"], {group: "fleet", **section["overall"]}]
+    window = f"{_fmt(section['window']['window_s'], digits=0)} s"
+    latency = Table(title=f"Latency from vLLM histograms over {window} (p50 / p95 / p99 ms)")
+    state = Table(title=f"Engine state, throughput and GPUs from scraped series over {window}")
+    for header in (group, "TTFT", "ITL", "TPOT", "e2e"):
+        latency.add_column(header, justify="left" if header == group else "right")
+    for header in (
+        group,
+        "KV mean/max %",
+        "prefix hit %",
+        "running",
+        "waiting",
+        "preempt",
+        "gen tok/s",
+        "prompt tok/s",
+        "GPU util %",
+        "GPU W",
+    ):
+        state.add_column(header, justify="left" if header == group else "right")
+
+    def triple(sli: dict[str, Any]) -> str:
+        return " / ".join(_fmt(sli[p], scale=1000.0, digits=0) for p in ("p50", "p95", "p99"))
+
+    def pair(stats: dict[str, Any], scale: float = 1.0) -> str:
+        return f"{_fmt(stats['mean'], scale=scale)} / {_fmt(stats['max'], scale=scale)}"
+
+    for index, row in enumerate(rows):
+        name = str(row[group]) if row[group] is not None else "(unknown)"
+        last = index == len(rows) - 2
+        latency.add_row(
+            name, *(triple(row[f"{s}_s"]) for s in ("ttft", "itl", "tpot", "e2e")), end_section=last
+        )
+        state.add_row(
+            name,
+            pair(row["kv_cache_usage_ratio"], 100.0),
+            _fmt(row["prefix_cache_hit_ratio"], scale=100.0),
+            _fmt(row["requests_running"]["mean"]),
+            _fmt(row["requests_waiting"]["mean"]),
+            _fmt(row["preemptions"], digits=0),
+            _fmt(row["generation_tokens_per_s"]),
+            _fmt(row["prompt_tokens_per_s"]),
+            pair(row["gpu_util_ratio"], 100.0),
+            _fmt(row["gpu_power_w"]["mean"], digits=0),
+            end_section=last,
+        )
+    return [latency, state]
+
+
 def change_json(change: AlertChange) -> dict[str, Any]:
     """One alert state change as plain JSON."""
     return {
@@ -197,6 +250,15 @@ def demo_summary(summary: dict[str, Any]) -> str:
     )
     fired = summary["alerts_fired"]
     lines.append(f"alerts fired: {', '.join(fired) if fired else 'none'}")
+    findings = summary.get("health_findings", [])
+    lines.append(f"fleet-health findings: {len(findings) or 'none'}")
+    lines.extend(
+        f"  {f['kind']} {f['scope_unit']} {f['scope']} from {f['start']}"
+        f"{' (ongoing)' if f['end'] is None else ' to ' + f['end']}: {f['summary']}"
+        for f in findings[:6]
+    )
+    if len(findings) > 6:
+        lines.append(f"  ... {len(findings) - 6} more in the report")
     lines.append(f"recommendation: {summary['recommendation']}")
     risk = summary.get("riskiest_assumption")
     if risk:
@@ -210,3 +272,35 @@ def demo_summary(summary: dict[str, Any]) -> str:
     lines.append(f"files: report {summary['report']}, decision record {summary['decision_record']}")
     lines.append(f"       store {summary['store']}, recording {summary['fixture']}")
     return "\n".join(lines)
+
+
+def _evidence_text(finding: Finding, *, limit: int = 4) -> str:
+    parts = []
+    for e in finding.evidence[:limit]:
+        against = "" if e.baseline is None else f" vs {e.baseline:.4g}"
+        parts.append(f"{e.name} {e.value:.4g}{against} {e.unit}")
+    more = len(finding.evidence) - limit
+    return "; ".join(parts) + (f"; +{more} more (--json)" if more > 0 else "")
+
+
+def health_table(findings: Sequence[Finding], *, start: datetime | None = None) -> Table:
+    """Fleet-health findings, earliest first: what, where, when, how sure, and why."""
+    title = "Fleet health findings"
+    if start is not None:
+        title += f" since {start.isoformat(timespec='minutes')} UTC"
+    table = Table(title=title, show_lines=True)
+    for header in ("start (UTC)", "end", "kind", "scope", "confidence", "summary", "evidence"):
+        table.add_column(header)
+    for f in findings:
+        table.add_row(
+            f.start.isoformat(timespec="minutes"),
+            "ongoing" if f.end is None else f.end.isoformat(timespec="minutes"),
+            f.kind.value,
+            f"{f.scope_unit.value} {f.scope}",
+            f"{f.confidence:.0%}",
+            f.summary + (f"\nsuggestion: {f.suggestion}" if f.suggestion else ""),
+            _evidence_text(f),
+        )
+    if not findings:
+        table.caption = "no findings: none of the failure modes shows in this window"
+    return table

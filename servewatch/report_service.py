@@ -5,16 +5,19 @@ Shared by `servewatch report`, the demo and the `run` service's report job.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import polars as pl
 
 from dashboards.report import Report, ReportInputs, build_report
+from pipeline.health_finding import Finding
 from pipeline.metric_frames import metric_minute_frames
 from pipeline.metric_sli import series_dimensions
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollup_job import roll_up_request_minutes
 from pipeline.store import Store
+from servewatch.health_service import DEFAULT_VERSION_LABEL, health_findings
 from servewatch.sli_report import build_sli_report
 
 
@@ -24,9 +27,12 @@ def store_report(
     limits: GoodputLimits,
     from_ts: datetime | None = None,
     to_ts: datetime | None = None,
+    version_label: str = DEFAULT_VERSION_LABEL,
+    findings: Sequence[Finding] | None = None,
 ) -> Report:
-    """The report over [from_ts, to_ts) (all data when open): traces, rollups, SLO minutes and
-    the per-minute frames of scraped series."""
+    """The report over [from_ts, to_ts) (all data when open): traces, rollups, SLO minutes,
+    the per-minute frames of scraped series, and the fleet-health findings (versions told
+    apart by `version_label`; pass `findings` when the caller already has them)."""
     roll_up_request_minutes(store)
     metric_frames: dict[str, pl.LazyFrame] = {}
     stored = store.points_range()
@@ -48,6 +54,9 @@ def store_report(
         scheduler_state=metric_frames.get("scheduler_state"),
         token_throughput=metric_frames.get("token_throughput"),
         latency_percentiles=metric_frames.get("latency_percentiles"),
+        findings=tuple(findings)
+        if findings is not None
+        else health_findings(store, from_ts=from_ts, to_ts=to_ts, version_label=version_label),
     )
     window = (from_ts, to_ts) if from_ts and to_ts else None
     return build_report(inputs, window=window, limits=limits)

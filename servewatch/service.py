@@ -1,15 +1,18 @@
 """`servewatch run`: the scheduled service next to a fleet.
 
-APScheduler 3 runs the jobs; every store access goes through the single writer thread. Jobs:
-scrape (every scrape interval), rollup and SLO evaluation with notification (every minute),
-configuration reload (every 30 s; an invalid file is logged and counted and the last good
-configuration keeps the data path running), retention (hourly). The OTLP receiver runs on its
-own thread. The service's own metrics and `/healthz` are served on 127.0.0.1.
+Scraping runs on its own event loop thread (collectors/scrape_loop.py): every target on its own
+interval at a stable offset, never overlapping its own next scrape, a slow or dead target
+delaying no other; pages reach the store in batches. APScheduler 3 runs the other jobs: targets
+(every 30 s: file_sd re-read, the scrape loop's targets and schedules brought up to date), SLO
+evaluation with notification (every minute), configuration reload (every 30 s; an invalid file
+is logged and counted and the last good configuration keeps the data path running), retention
+(hourly). Every store access goes through the single writer thread. The OTLP receiver runs on
+its own thread. The service's own metrics (scrape lag and skipped slots among them) and
+`/healthz` are served on 127.0.0.1.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -27,24 +30,29 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from capacity.requirement import load_requirement
-from collectors.metric_ingest import ingest_pages
+from collectors.metric_ingest import MetricIngestReport
 from collectors.otlp_receiver import OtlpHttpReceiver
+from collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
 from collectors.store_writer import StoreWriter
+from collectors.targets import Target
 from collectors.trace_ingest import Reject
 from dashboards.export import write_report
 from pipeline.request_sli import GoodputLimits
 from pipeline.store import Store, utc_now
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.config import Config, ConfigError, load_config
+from servewatch.health_service import evaluate_findings
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
-from servewatch.scraping import fetch_results, page_of, resolve_targets
+from servewatch.scraping import PageBatcher, TargetResolver, page_of, scheduled_targets
 from servewatch.slo_service import evaluate, load_specs
 from slo.alertmanager import AlertmanagerNotifier
 from slo.spec import SloSpec
 
 log = logging.getLogger("servewatch.run")
 JOB_DEFAULTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": 30}
+SCRAPE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+TARGETS_EVERY_S = 30.0
 
 
 class SelfMetrics:
@@ -54,9 +62,25 @@ class SelfMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.scrape_duration = Histogram(
-            "servewatch_scrape_round_duration_seconds",
-            "Time to scrape all targets once.",
+            "servewatch_scrape_duration_seconds",
+            "Time to scrape one target (fetch only).",
+            buckets=SCRAPE_BUCKETS_S,
             registry=r,
+        )
+        self.scrape_lag = Histogram(
+            "servewatch_scrape_lag_seconds",
+            "How late a scrape started against its target's scheduled slot.",
+            buckets=SCRAPE_BUCKETS_S,
+            registry=r,
+        )
+        self.skipped_slots = Counter(
+            "servewatch_scrape_skipped_slots",
+            "Scheduled slots not scraped because the target's previous scrape was still running "
+            "(or the loop woke more than an interval late).",
+            registry=r,
+        )
+        self.scrape_targets = Gauge(
+            "servewatch_scrape_targets", "Targets on the scrape schedule.", registry=r
         )
         self.samples = Counter("servewatch_samples_ingested", "Samples stored.", registry=r)
         self.malformed = Counter(
@@ -96,6 +120,26 @@ def _slo_specs(config: Config) -> tuple[SloSpec, ...]:
     return load_specs(list(config.slo.files))[0] if config.slo.files else ()
 
 
+class ScrapeRecorder:
+    """The scrape loop's observer: lag, duration and skipped slots into the self-metrics,
+    pages to the store writer in batches."""
+
+    def __init__(self, metrics: SelfMetrics, pages: PageBatcher) -> None:
+        self.metrics = metrics
+        self.pages = pages
+
+    def scraped(self, outcome: ScrapeOutcome) -> None:
+        self.metrics.scrape_lag.observe(outcome.lag_s)
+        self.metrics.scrape_duration.observe(outcome.result.duration_s)
+        self.pages.add(page_of(outcome.result))
+
+    def skipped(self, target: Target, slots: int) -> None:
+        self.metrics.skipped_slots.inc(slots)
+        log.warning(
+            "scrape of %s skipped %d slot(s): its previous scrape ran on", target.url, slots
+        )
+
+
 class CountingSink:
     """The receiver's sink: counts what arrives, then hands it to the store writer."""
 
@@ -117,7 +161,13 @@ class ServiceState:
 
 
 class Service:
-    def __init__(self, config_path: Path, *, store_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        *,
+        store_path: Path | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
         self.config_path = config_path
         config = load_config(config_path)
         specs = _slo_specs(config)
@@ -126,9 +176,21 @@ class Service:
         self.store = Store.open(store_path or config.store_path)
         self.writer = StoreWriter(self.store, on_error=self._writer_error)
         self.receiver = OtlpHttpReceiver(config.otlp, CountingSink(self.writer, self.metrics))
+        self.resolver = TargetResolver()
+        self.pages = PageBatcher(
+            self.writer,
+            keep_uncatalogued=lambda: self.state.config.scrape.keep_uncatalogued,
+            on_report=self._ingested,
+        )
+        self.scrape_loop = ScrapeLoop(ScrapeRecorder(self.metrics, self.pages), now=now)
         self.scheduler = BackgroundScheduler(job_defaults=JOB_DEFAULTS, timezone="UTC")
         self.http_client = httpx.Client(timeout=10)
         self._health_server: ThreadingHTTPServer | None = None
+
+    def _ingested(self, report: MetricIngestReport) -> None:
+        self.metrics.samples.inc(report.stored_samples)
+        self.metrics.malformed.inc(len(report.line_errors))
+        self.metrics.failed_scrapes.inc(len(report.failed_scrapes))
 
     def _writer_error(self, exc: Exception) -> None:
         log.error("store write failed: %s", exc)
@@ -151,38 +213,30 @@ class Service:
 
         return run
 
-    def scrape_once(self) -> None:
-        targets, problems = resolve_targets(self.state.config)
+    def sync_targets(self) -> None:
+        """Bring the scrape loop's targets and schedules up to date with the configuration
+        and the file_sd files."""
+        targets, problems = self.resolver.resolve(self.state.config)
         for problem in problems:
             log.warning("targets: %s", problem)
-        if not targets:
-            return
-        started = time.perf_counter()
-        results = asyncio.run(fetch_results(targets, self.state.config.scrape))
-        self.metrics.scrape_duration.observe(time.perf_counter() - started)
-        pages = [page_of(r) for r in results]
-        keep = self.state.config.scrape.keep_uncatalogued
-
-        def write(store: Store) -> None:
-            report = ingest_pages(pages, store=store, keep_uncatalogued=keep)
-            self.metrics.samples.inc(report.stored_samples)
-            self.metrics.malformed.inc(len(report.line_errors))
-            self.metrics.failed_scrapes.inc(len(report.failed_scrapes))
-
-        self.writer.submit_task(write)
+        self.scrape_loop.set_targets(scheduled_targets(targets, self.state.config.scrape))
+        self.metrics.scrape_targets.set(self.scrape_loop.target_count)
 
     def evaluate_once(self, now: datetime | None = None) -> None:
         specs = self.state.specs
-        if not specs:
-            return
         url = self.state.config.slo.alertmanager_url
         notifier = AlertmanagerNotifier(self.http_client, url=url) if url else None
         at = now or utc_now()
 
         def run(store: Store) -> None:
-            result = evaluate(store, specs=specs, at=at, notifier=notifier)
-            if result.notification_error:
-                log.error("alert notification failed: %s", result.notification_error)
+            if specs:
+                result = evaluate(store, specs=specs, at=at, notifier=notifier)
+                if result.notification_error:
+                    log.error("alert notification failed: %s", result.notification_error)
+            # Fleet-health findings become tickets through the same notifier.
+            findings = evaluate_findings(store, at=at, notifier=notifier)
+            if findings.notification_error:
+                log.error("finding alert notification failed: %s", findings.notification_error)
 
         self.writer.submit_task(run)
 
@@ -244,10 +298,11 @@ class Service:
 
     def start(self, *, health_port: int = 9464) -> None:
         self.receiver.start()
-        interval_s = self.state.config.scrape.interval_s
+        self.scrape_loop.start()
+        self.sync_targets()
         first = datetime.now().astimezone()
         jobs: list[tuple[str, Callable[[], None], dict[str, float]]] = [
-            ("scrape", self.scrape_once, {"seconds": interval_s}),
+            ("targets", self.sync_targets, {"seconds": TARGETS_EVERY_S}),
             ("slo", self.evaluate_once, {"minutes": 1}),
             ("config", self.reload_config, {"seconds": 30}),
             ("retention", self.retention_once, {"hours": 1}),
@@ -280,6 +335,8 @@ class Service:
         """Finish the running jobs, flush every pending write, close everything."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
+        self.scrape_loop.stop()
+        self.pages.close()
         self.receiver.stop()
         if self._health_server is not None:
             self._health_server.shutdown()

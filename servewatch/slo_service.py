@@ -20,6 +20,7 @@ from pipeline.rollup_job import roll_up_requests
 from pipeline.store import Store
 from slo.alert_state import TableAlertStateStore, changes_from_frame
 from slo.alerting import Evaluation, step
+from slo.finding_alerts import AlertStateView, is_slo_alert
 from slo.imports import load_slo_file
 from slo.notification import Notifier
 from slo.spec import SloSpec
@@ -82,4 +83,6 @@ def evaluate(
 ) -> Evaluation:
     """One scheduled evaluation: state changes recorded in `alerts`, the notifier told."""
     minutes = slo_minutes_at(store, specs=specs, at=at)
-    return step(minutes, specs=specs, at=at, states=TableAlertStateStore(store), notifier=notifier)
+    # Finding alerts share the table; this state machine must not resolve them.
+    states = AlertStateView(TableAlertStateStore(store), keep=is_slo_alert)
+    return step(minutes, specs=specs, at=at, states=states, notifier=notifier)

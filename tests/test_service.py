@@ -91,6 +91,11 @@ listen = "127.0.0.1:{otlp_port}"
             )
 
         poll(scraped_and_received, deadline_s=30, what="a scrape and the spans")
+        text = httpx.get(f"{health}/metrics", timeout=1).text
+        # Each scrape's lag against its slot is exposed; one target at 1 s never skips a slot.
+        assert metric_value(text, "servewatch_scrape_lag_seconds_count") >= 1
+        assert metric_value(text, "servewatch_scrape_targets") == 1
+        assert metric_value(text, "servewatch_scrape_skipped_slots_total") == 0
 
         second = subprocess.run(
             [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(free_port())],
