@@ -11,8 +11,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import polars as pl
-
 from collectors.replay import replay_fixture
 from emulator.engine import EngineParams
 from emulator.failures import FailureSpec
@@ -30,8 +28,8 @@ from emulator.workload import (
     WorkloadSpec,
 )
 from pipeline.health_finding import HealthInputs
-from pipeline.metric_sli import series_dimensions
 from pipeline.store import Store
+from servewatch.health_service import read_health_inputs
 
 START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC
 START = datetime.fromtimestamp(START_S, UTC).replace(tzinfo=None)
@@ -95,27 +93,9 @@ def record(config: FleetConfig, folder: Path, *, minutes: float, seed: int = 7) 
     return folder
 
 
-def _eager(frame: pl.LazyFrame) -> pl.LazyFrame:
-    return frame.collect().lazy()
-
-
-def health_inputs(store: Store, *, start: datetime, end: datetime) -> HealthInputs:
-    """What the detectors read, from the store's read methods, held in memory so the inputs
-    outlive the store."""
-    return HealthInputs(
-        start=start,
-        end=end,
-        points=_eager(store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)),
-        dimensions=_eager(series_dimensions(store.read_series(), store.read_targets())),
-        requests=_eager(store.read_requests(from_ts=start, to_ts=end)),
-        targets=_eager(store.read_targets()),
-        scrapes=_eager(store.read_scrapes(from_ts=start, to_ts=end)),
-    )
-
-
 def recorded_inputs(config: FleetConfig, folder: Path, *, minutes: float) -> HealthInputs:
     """Record, replay into an in-memory store and read the whole recording back."""
     record(config, folder, minutes=minutes)
     with Store.open(":memory:") as store:
         replay_fixture(folder, store=store)
-        return health_inputs(store, start=START, end=START + timedelta(minutes=minutes))
+        return read_health_inputs(store, start=START, end=START + timedelta(minutes=minutes))
