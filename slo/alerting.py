@@ -19,7 +19,6 @@ import polars as pl
 from slo.alert_state import (
     AlertChange,
     AlertKey,
-    AlertState,
     AlertStateStore,
     Condition,
     advance,
@@ -31,7 +30,7 @@ from slo.burn_rate import (
     window_sums_at,
     window_sums_every_minute,
 )
-from slo.notification import NotificationError, Notifier
+from slo.notification import Notifier, record_and_notify
 from slo.spec import SloSpec
 from slo.windows import Severity
 
@@ -217,23 +216,8 @@ def step(
     evaluation and its history stand, and the next evaluation runs as usual."""
     at_minute = evaluation_minute(at)
     conditions = evaluate_at(minutes, specs=specs, at=at_minute)
-    latest = states.latest()
-    changes = advance(latest, conditions, at=at_minute)
-    states.append(changes)
-    now = apply_changes(latest, changes)
-    firing = tuple(
-        sorted(
-            (c for c in now.values() if c.state is AlertState.FIRING),
-            key=lambda c: c.key.sort_key(),
-        )
-    )
-    error = None
-    if notifier is not None:
-        try:
-            notifier.notify(changes, firing=firing, at=at_minute)
-        except NotificationError as exc:
-            error = str(exc)
-    return Evaluation(at_minute, conditions, changes, firing, error)
+    done = record_and_notify(conditions, states=states, notifier=notifier, at=at_minute)
+    return Evaluation(at_minute, conditions, done.changes, done.firing, done.notification_error)
 
 
 def replay(

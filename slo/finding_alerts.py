@@ -20,14 +20,11 @@ from pipeline.health_finding import Finding
 from slo.alert_state import (
     AlertChange,
     AlertKey,
-    AlertState,
     AlertStateStore,
     Condition,
-    advance,
-    apply_changes,
 )
 from slo.burn_rate import evaluation_minute
-from slo.notification import FINDING_ALERT_NAME, NotificationError, Notifier
+from slo.notification import FINDING_ALERT_NAME, Notifier, record_and_notify
 from slo.windows import Severity
 
 FINDING_ALERT_PREFIX = "health:"
@@ -124,20 +121,7 @@ def step_findings(
     at_minute = evaluation_minute(at)
     conditions = finding_conditions(findings, at=at_minute, lookback_s=lookback_s, hold_s=hold_s)
     view = AlertStateView(states, keep=is_finding_alert)
-    latest = view.latest()
-    changes = advance(latest, conditions, at=at_minute)
-    view.append(changes)
-    now = apply_changes(latest, changes)
-    firing = tuple(
-        sorted(
-            (c for c in now.values() if c.state is AlertState.FIRING),
-            key=lambda c: c.key.sort_key(),
-        )
+    done = record_and_notify(conditions, states=view, notifier=notifier, at=at_minute)
+    return FindingEvaluation(
+        at_minute, conditions, done.changes, done.firing, done.notification_error
     )
-    error = None
-    if notifier is not None:
-        try:
-            notifier.notify(changes, firing=firing, at=at_minute)
-        except NotificationError as exc:
-            error = str(exc)
-    return FindingEvaluation(at_minute, conditions, changes, firing, error)

@@ -10,10 +10,18 @@ generated Prometheus rules produce the same label set, so either side can feed o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from slo.alert_state import AlertChange, AlertState
+from slo.alert_state import (
+    AlertChange,
+    AlertState,
+    AlertStateStore,
+    Condition,
+    advance,
+    apply_changes,
+)
 
 ALERT_NAME = "SLOErrorBudgetBurn"
 # Fleet-health findings raised as tickets (slo/finding_alerts.py); their labels carry this name.
@@ -36,6 +44,45 @@ class Notifier(Protocol):
         """Deliver `changes` (this evaluation's state changes); `firing` is every alert
         firing after it, for receivers that need firing alerts re-sent."""
         ...
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One evaluation's outcome: the state changes, what fires after them, and why the
+    notifier could not be told (None when it was, or when there is none)."""
+
+    changes: tuple[AlertChange, ...]
+    firing: tuple[AlertChange, ...]
+    notification_error: str | None = None
+
+
+def record_and_notify(
+    conditions: Sequence[Condition],
+    *,
+    states: AlertStateStore,
+    notifier: Notifier | None,
+    at: datetime,
+) -> Transition:
+    """Advance every alert on `conditions`, record the changes in `states`, then tell
+    `notifier`. A failed notification is reported, not raised: the evaluation and its
+    history stand, and the next evaluation runs as usual."""
+    latest = states.latest()
+    changes = advance(latest, conditions, at=at)
+    states.append(changes)
+    now = apply_changes(latest, changes)
+    firing = tuple(
+        sorted(
+            (c for c in now.values() if c.state is AlertState.FIRING),
+            key=lambda c: c.key.sort_key(),
+        )
+    )
+    error = None
+    if notifier is not None:
+        try:
+            notifier.notify(changes, firing=firing, at=at)
+        except NotificationError as exc:
+            error = str(exc)
+    return Transition(tuple(changes), firing, error)
 
 
 def alert_labels(change: AlertChange) -> dict[str, str]:
