@@ -11,9 +11,10 @@ Triggers closer than `merge_minutes` merge.
 For each trigger the baseline is the replica's hit rate (hit tokens / query tokens) over the
 `baseline_minutes` before it (before the gap, for a restart). A finding needs the hit rate in
 one of the first `onset_minutes` minutes after the trigger to be at least `min_drop` below
-the baseline. It lasts until the hit rate over two consecutive minutes is back within
-`recovery_margin` (or the baseline's own minute-to-minute spread, if larger) of the baseline;
-None while it has not recovered by the window's end. The extra prefill is query tokens/s
+the baseline, and the hit rate over the whole loss at least `min_drop / 2` below it. It
+lasts until the hit rate over two consecutive minutes is back within `recovery_margin` (or
+the baseline's own minute-to-minute spread, if larger) of the baseline; None while it has
+not recovered by the window's end. The extra prefill is query tokens/s
 times the drop in hit rate, averaged over the loss.
 
 Confidence is 2 Phi(z) - 1 for z = (baseline - hit rate during the loss) / (the baseline's
@@ -204,6 +205,10 @@ class AffinityLossDetector:
         loss_s = loss.height * 60.0
         hit_during = float(loss["hit_tokens"].sum()) / float(loss["query_tokens"].sum())
         drop = baseline - hit_during
+        if drop < self.min_drop / 2:
+            # One cold minute after a restart is not a lost affinity: over the whole loss the
+            # hit rate must stay well below the baseline too.
+            return None
         extra_prefill = (
             float(
                 (loss["query_tokens"] * (baseline - loss["hit_ratio"]).clip(lower_bound=0.0)).sum()
