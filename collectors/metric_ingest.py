@@ -20,12 +20,12 @@ import polars as pl
 from collectors.dcgm_catalogue import DCGM_CATALOGUE
 from collectors.exposition import LineError, ParsedPage, SeriesCache
 from collectors.exposition_batch import parse_expositions
-from collectors.targets import Target, TargetKind
+from collectors.targets import Target, TargetKind, targets_frame
 from collectors.trace_ingest import Reject, rejects_frame
 from collectors.vllm_catalogue import VLLM_CATALOGUE
 from pipeline.signals import Catalogue, CatalogueEntry, Disposition, catalogue_frame
 from pipeline.store import Store
-from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
 MAX_ERRORS_IN_SCRAPE_ROW = 3
 _PAGE = ["target_id", "scrape_ts"]
@@ -311,23 +311,4 @@ def _targets_frame(pages: Sequence[Page]) -> pl.DataFrame:
             page.target.target_id, (page.target, page.scrape_ts, page.scrape_ts)
         )
         seen[target.target_id] = (target, min(first, page.scrape_ts), max(last, page.scrape_ts))
-    return pl.DataFrame(
-        [
-            (
-                t.target_id,
-                t.kind.value,
-                t.url,
-                t.replica,
-                t.host,
-                t.zone,
-                t.model,
-                t.pool,
-                t.gpus,
-                first,
-                last,
-            )
-            for t, first, last in seen.values()
-        ],
-        schema=TARGETS_SCHEMA,
-        orient="row",
-    )
+    return targets_frame(seen.values())

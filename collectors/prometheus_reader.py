@@ -46,12 +46,12 @@ from collectors.prometheus_api import (
     PrometheusApi,
     promql_string,
 )
-from collectors.targets import Target, TargetKind
+from collectors.targets import Target, TargetKind, targets_frame
 from collectors.trace_ingest import Reject, rejects_frame
 from collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
 from pipeline.signals import CREATED_SUFFIX, Disposition, labels_json
 from pipeline.store import Store
-from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
 DEFAULT_CHUNK_POINTS = 720  # three hours of 15 s steps per query
 KIND_LABEL = "kind"
@@ -466,28 +466,8 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
     read, distinct, stored_df, unknown_df, scrapes_df, seen_df = pl.collect_all(
         [joined.select(pl.len()), samples_all.select(pl.len()), stored, unknown, scrapes, seen]
     )
-    targets = pl.DataFrame(
-        [
-            (
-                t.target_id,
-                t.kind.value,
-                t.url,
-                t.replica,
-                t.host,
-                t.zone,
-                t.model,
-                t.pool,
-                t.gpus,
-                first,
-                last,
-            )
-            for t, first, last in (
-                (rows.targets[target_id], first, last)
-                for target_id, first, last in seen_df.iter_rows()
-            )
-        ],
-        schema=TARGETS_SCHEMA,
-        orient="row",
+    targets = targets_frame(
+        (rows.targets[target_id], first, last) for target_id, first, last in seen_df.iter_rows()
     ).sort("target_id")
     return ChunkFrames(
         targets=targets,

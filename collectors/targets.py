@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import yaml
+
+from pipeline.tables import TARGETS_SCHEMA
 
 
 class TargetKind(Enum):
@@ -208,3 +212,28 @@ def merge_targets(groups: Sequence[Sequence[Target]]) -> list[Target]:
         for target in group:
             seen.setdefault(target.target_id, target)
     return list(seen.values())
+
+
+def targets_frame(seen: Iterable[tuple[Target, datetime, datetime]]) -> pl.DataFrame:
+    """`targets` rows (TARGETS_SCHEMA) for targets with the first and last time they were
+    seen in a batch; the store merges the seen times with what it holds."""
+    return pl.DataFrame(
+        [
+            (
+                t.target_id,
+                t.kind.value,
+                t.url,
+                t.replica,
+                t.host,
+                t.zone,
+                t.model,
+                t.pool,
+                t.gpus,
+                first,
+                last,
+            )
+            for t, first, last in seen
+        ],
+        schema=TARGETS_SCHEMA,
+        orient="row",
+    )
