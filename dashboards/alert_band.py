@@ -9,7 +9,6 @@ pending alert has paged nobody.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import altair as alt
@@ -24,6 +23,7 @@ from dashboards.panel import (
     duration_label,
     epoch_ms,
     epoch_ms_of,
+    open_interval_end,
     time_tooltip,
     time_x,
     titled,
@@ -79,13 +79,7 @@ def _alert_label() -> pl.Expr:
 def band_rows(frame: pl.DataFrame | pl.LazyFrame, *, domain: TimeDomain | None) -> pl.DataFrame:
     """Intervals as chart rows: epoch ms start and end, open ones closed at the window end."""
     rows = ALERT_BAND_CONTRACT.select(frame)
-    until = datetime(1970, 1, 1)
-    if domain is not None:
-        until = domain[1]
-    else:
-        for latest in (rows["end_ts"].max(), rows["start_ts"].max()):
-            if isinstance(latest, datetime):
-                until = max(until, latest)
+    until = open_interval_end(rows, domain=domain)
     return rows.select(
         alert=_alert_label(),
         severity="severity",

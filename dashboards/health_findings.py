@@ -11,7 +11,6 @@ as `servewatch health --json`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import altair as alt
@@ -25,6 +24,7 @@ from dashboards.panel import (
     data_chart,
     epoch_ms,
     epoch_ms_of,
+    open_interval_end,
     time_tooltip,
     time_x,
     titled,
@@ -106,13 +106,7 @@ def findings_frame(findings: Sequence[Finding]) -> pl.DataFrame:
 
 def _rows(frame: pl.DataFrame | pl.LazyFrame, *, domain: TimeDomain | None) -> pl.DataFrame:
     rows = FINDINGS_CONTRACT.select(frame)
-    until = datetime(1970, 1, 1)
-    if domain is not None:
-        until = domain[1]
-    else:
-        for latest in (rows["end_ts"].max(), rows["start_ts"].max()):
-            if isinstance(latest, datetime):
-                until = max(until, latest)
+    until = open_interval_end(rows, domain=domain)
     return rows.with_columns(
         where=pl.format("{} {}", "scope_unit", "scope"),
         ts=epoch_ms("start_ts"),

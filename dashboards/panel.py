@@ -45,6 +45,18 @@ def epoch_ms_of(instant: datetime) -> int:
     return int(pl.Series([instant], dtype=pl.Datetime("us")).dt.epoch("ms")[0])
 
 
+def open_interval_end(rows: pl.DataFrame, *, domain: TimeDomain | None) -> datetime:
+    """Where an interval still open (null `end_ts`) is drawn to: the end of the shown window,
+    else the latest start or end among `rows`."""
+    if domain is not None:
+        return domain[1]
+    until = datetime(1970, 1, 1)
+    for latest in (rows["end_ts"].max(), rows["start_ts"].max()):
+        if isinstance(latest, datetime):
+            until = max(until, latest)
+    return until
+
+
 def compact(frame: pl.DataFrame, *, figures: int = SIGNIFICANT_FIGURES) -> pl.DataFrame:
     """Float columns rounded to `figures` significant figures, NaN as null (JSON has no NaN)."""
     floats = [name for name, dtype in frame.schema.items() if dtype.is_float()]
