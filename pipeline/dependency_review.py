@@ -3,17 +3,21 @@ domains. Replicas without a host or zone cannot be placed in a failure table; a 
 every replica sits in one zone has no surviving capacity when that zone is lost (when zone loss
 is in scope); and every target of one host failing its scrapes in the same minutes is one host
 loss, not several replica faults, so it is reported once, at host scope, with its start and end.
+Every target of a zone failing together is likewise one zone loss, reported at zone scope in
+place of its hosts' losses.
 
-A minute fails for a target when all of its scrapes in that minute failed. A host-loss run is a
-stretch of minutes in which every target of the host (its replicas and, when scraped, its GPU
-exporter) failed; a minute in which any of them answered ends it. A host with a single target
-is left out: its failure cannot be told apart from the replica's own.
+A minute fails for a target when all of its scrapes in that minute failed. A loss run is a
+stretch of minutes in which every target of the host or zone (its replicas and, when scraped,
+its GPU exporters) failed; a minute in which any of them answered ends it. A host with a single
+target is left out: its failure cannot be told apart from the replica's own; so is a zone on a
+single host, whose loss is that host's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import polars as pl
 
@@ -73,62 +77,104 @@ def single_zone_pools(targets: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def host_minutes(scrapes: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFrame:
-    """Per host and minute with scrapes: how many of the host's targets were scraped and how
-    many failed every scrape; `host_targets` is how many targets the host has in all."""
-    hosted = targets.filter(~_blank("host")).select("target_id", "host")
-    sizes = hosted.group_by("host").agg(pl.len().alias("host_targets"))
+def domain_minutes(
+    scrapes: pl.LazyFrame, targets: pl.LazyFrame, *, domain: ScopeUnit
+) -> pl.LazyFrame:
+    """Per failure domain (column `domain`: a host or a zone name) and minute with scrapes: how
+    many of its targets were scraped and how many failed every scrape; `domain_targets` is how
+    many targets it has in all and `domain_hosts` how many hosts they sit on."""
+    placed = targets.filter(~_blank(domain.value)).select(
+        "target_id", pl.col(domain.value).alias("domain"), "host"
+    )
+    sizes = placed.group_by("domain").agg(
+        pl.len().alias("domain_targets"),
+        pl.col("host").drop_nulls().n_unique().alias("domain_hosts"),
+    )
     per_target = (
-        scrapes.join(hosted, on="target_id", how="inner")
+        scrapes.join(placed, on="target_id", how="inner")
         .with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
-        .group_by("host", "target_id", "minute_ts")
+        .group_by("domain", "target_id", "minute_ts")
         .agg((~pl.col("ok")).all().alias("failed"))
     )
     return (
-        per_target.group_by("host", "minute_ts")
+        per_target.group_by("domain", "minute_ts")
         .agg(
             pl.len().alias("scraped_targets"),
             pl.col("failed").sum().alias("failed_targets"),
         )
-        .join(sizes, on="host", how="left")
-        .sort("host", "minute_ts")
+        .join(sizes, on="domain", how="left")
+        .sort("domain", "minute_ts")
     )
 
 
-def host_loss_runs(minutes: pl.LazyFrame, *, min_targets: int) -> pl.LazyFrame:
-    """Runs of minutes in which every target of a host failed: host, start_ts, last_ts (the
+def loss_runs(minutes: pl.LazyFrame, *, min_targets: int, min_hosts: int = 1) -> pl.LazyFrame:
+    """Runs of minutes in which every target of a domain failed: domain, start_ts, last_ts (the
     run's last failed minute), end_ts (the first minute after it in which a target answered;
-    null while none has), failed_minutes, targets."""
-    lost = (pl.col("failed_targets") == pl.col("host_targets")) & (
-        pl.col("scraped_targets") == pl.col("host_targets")
+    null while none has), failed_minutes, targets, hosts."""
+    lost = (pl.col("failed_targets") == pl.col("domain_targets")) & (
+        pl.col("scraped_targets") == pl.col("domain_targets")
     )
     flagged = (
-        minutes.filter(pl.col("host_targets") >= min_targets)
+        minutes.filter(
+            (pl.col("domain_targets") >= min_targets) & (pl.col("domain_hosts") >= min_hosts)
+        )
         .with_columns(lost=lost)
         .with_columns(
-            run=(pl.col("lost") != pl.col("lost").shift(1).over("host", order_by="minute_ts"))
+            run=(pl.col("lost") != pl.col("lost").shift(1).over("domain", order_by="minute_ts"))
             .fill_null(value=True)
             .cum_sum()
-            .over("host", order_by="minute_ts"),
+            .over("domain", order_by="minute_ts"),
             answered=pl.when(~pl.col("lost")).then(pl.col("minute_ts")),
         )
         .with_columns(
-            next_answer=pl.col("answered").backward_fill().over("host", order_by="minute_ts")
+            next_answer=pl.col("answered").backward_fill().over("domain", order_by="minute_ts")
         )
     )
     return (
         flagged.filter(pl.col("lost"))
-        .group_by("host", "run")
+        .group_by("domain", "run")
         .agg(
             pl.col("minute_ts").min().alias("start_ts"),
             pl.col("minute_ts").max().alias("last_ts"),
             pl.col("next_answer").last().alias("end_ts"),
             pl.len().alias("failed_minutes"),
-            pl.col("host_targets").first().alias("targets"),
+            pl.col("domain_targets").first().alias("targets"),
+            pl.col("domain_hosts").first().alias("hosts"),
         )
         .drop("run")
-        .sort("host", "start_ts")
+        .sort("domain", "start_ts")
     )
+
+
+def host_runs_outside_zone_runs(
+    host_runs: pl.LazyFrame, zone_runs: pl.LazyFrame, targets: pl.LazyFrame
+) -> pl.LazyFrame:
+    """Host-loss runs not inside a loss run of the host's zone: a host lost with its whole zone
+    is part of that zone's finding, not a finding of its own."""
+    zones = (
+        targets.filter(~_blank("host") & ~_blank("zone"))
+        .group_by("host")
+        .agg(pl.col("zone").first())
+        .rename({"host": "domain"})
+    )
+    inside = (
+        host_runs.join(zones, on="domain", how="inner")
+        .join(
+            zone_runs.select(
+                pl.col("domain").alias("zone"),
+                pl.col("start_ts").alias("zone_start_ts"),
+                pl.col("last_ts").alias("zone_last_ts"),
+            ),
+            on="zone",
+            how="inner",
+        )
+        .filter(
+            (pl.col("start_ts") >= pl.col("zone_start_ts"))
+            & (pl.col("last_ts") <= pl.col("zone_last_ts"))
+        )
+        .select("domain", "start_ts")
+    )
+    return host_runs.join(inside, on=["domain", "start_ts"], how="anti").sort("domain", "start_ts")
 
 
 @dataclass(frozen=True)
@@ -147,7 +193,7 @@ class DependencyReview:
         findings = self._unplaced(targets, start=inputs.start)
         if inputs.zone_loss_in_scope:
             findings += self._single_zone(targets, start=inputs.start)
-        findings += self._host_losses(scrapes, targets)
+        findings += self._losses(scrapes, targets)
         return findings
 
     def _unplaced(self, targets: pl.LazyFrame, *, start: datetime) -> list[Finding]:
@@ -203,46 +249,67 @@ class DependencyReview:
             for row in rows.iter_rows(named=True)
         ]
 
-    def _host_losses(self, scrapes: pl.LazyFrame, targets: pl.LazyFrame) -> list[Finding]:
-        minutes = host_minutes(scrapes, targets)
-        runs = host_loss_runs(minutes, min_targets=self.min_host_targets).collect()
-        replicas = (
-            targets.filter(pl.col("replica").is_not_null() & ~_blank("host"))
-            .group_by("host")
-            .agg(pl.col("replica").unique().sort())
-            .collect()
+    def _losses(self, scrapes: pl.LazyFrame, targets: pl.LazyFrame) -> list[Finding]:
+        host_runs = loss_runs(
+            domain_minutes(scrapes, targets, domain=ScopeUnit.HOST),
+            min_targets=self.min_host_targets,
         )
-        on_host = {row["host"]: row["replica"] for row in replicas.iter_rows(named=True)}
-        findings = []
-        for row in runs.iter_rows(named=True):
-            host, targets_n, failed = row["host"], row["targets"], row["failed_minutes"]
-            names = on_host.get(host, [])
-            # Each further target-minute failing in lockstep halves the odds of coincidence.
-            confidence = min(0.99, 1.0 - 0.5 ** ((targets_n - 1) * failed))
-            until = "ongoing" if row["end_ts"] is None else f"until {row['end_ts']:%H:%M}"
-            findings.append(
-                Finding(
-                    kind=self.kind,
-                    scope_unit=ScopeUnit.HOST,
-                    scope=host,
-                    start=row["start_ts"],
-                    end=row["end_ts"],
-                    confidence=confidence,
-                    summary=(
-                        f"host {host} lost: all {targets_n} of its targets failed their scrapes "
-                        f"together for {failed} minute(s) from {row['start_ts']:%H:%M} {until} "
-                        f"(host loss, not {len(names)} replica faults: "
-                        f"{', '.join(names) or 'no replicas'})"
-                    ),
-                    evidence=(
-                        Evidence("targets", float(targets_n), "count"),
-                        Evidence("replicas", float(len(names)), "count"),
-                        Evidence("failed_minutes", float(failed), "count"),
-                    ),
-                    suggestion=(
-                        "treat it as a host failure: check the node, and size for losing a "
-                        "whole host, since its replicas fail together"
-                    ),
-                )
-            )
+        # A zone on one host is that host: its loss is reported at host scope.
+        zone_runs = loss_runs(
+            domain_minutes(scrapes, targets, domain=ScopeUnit.ZONE),
+            min_targets=self.min_host_targets,
+            min_hosts=2,
+        ).collect()
+        host_runs = host_runs_outside_zone_runs(host_runs, zone_runs.lazy(), targets)
+        findings = [
+            self._loss(ScopeUnit.ZONE, row, targets) for row in zone_runs.iter_rows(named=True)
+        ]
+        findings += [
+            self._loss(ScopeUnit.HOST, row, targets)
+            for row in host_runs.collect().iter_rows(named=True)
+        ]
         return findings
+
+    def _loss(self, unit: ScopeUnit, row: dict[str, Any], targets: pl.LazyFrame) -> Finding:
+        name, targets_n, failed = row["domain"], row["targets"], row["failed_minutes"]
+        names = (
+            targets.filter(pl.col("replica").is_not_null() & (pl.col(unit.value) == name))
+            .select(pl.col("replica").unique().sort())
+            .collect()["replica"]
+            .to_list()
+        )
+        # Each further target-minute failing in lockstep halves the odds of coincidence.
+        confidence = min(0.99, 1.0 - 0.5 ** ((targets_n - 1) * failed))
+        until = "ongoing" if row["end_ts"] is None else f"until {row['end_ts']:%H:%M}"
+        where = f"{unit.value} {name}"
+        if unit is ScopeUnit.ZONE:
+            where += f" ({row['hosts']} hosts)"
+        return Finding(
+            kind=self.kind,
+            scope_unit=unit,
+            scope=name,
+            start=row["start_ts"],
+            end=row["end_ts"],
+            confidence=confidence,
+            summary=(
+                f"{where} lost: all {targets_n} of its targets failed their scrapes "
+                f"together for {failed} minute(s) from {row['start_ts']:%H:%M} {until} "
+                f"({unit.value} loss, not {len(names)} replica faults: "
+                f"{', '.join(names) or 'no replicas'})"
+            ),
+            evidence=(
+                Evidence("targets", float(targets_n), "count"),
+                *(
+                    [Evidence("hosts", float(row["hosts"]), "count")]
+                    if unit is ScopeUnit.ZONE
+                    else []
+                ),
+                Evidence("replicas", float(len(names)), "count"),
+                Evidence("failed_minutes", float(failed), "count"),
+            ),
+            suggestion=(
+                f"treat it as a {unit.value} failure: check "
+                + ("the node" if unit is ScopeUnit.HOST else "the zone's network and power")
+                + f", and size for losing a whole {unit.value}, since its replicas fail together"
+            ),
+        )

@@ -37,10 +37,17 @@ RATE_RPS = 4.0
 SCRAPE_INTERVAL_S = 15.0
 
 
+BASE_TOPOLOGY = TopologySpec(hosts_per_zone=1, replicas_per_host=2)
+
+
 def fleet_config(
-    *, failures: tuple[FailureSpec, ...] = (), steps: tuple[RateStep, ...] = ()
+    *,
+    failures: tuple[FailureSpec, ...] = (),
+    steps: tuple[RateStep, ...] = (),
+    topology: TopologySpec = BASE_TOPOLOGY,
 ) -> FleetConfig:
-    """The shared base fleet, with `failures` injected and the arrival rate stepped."""
+    """The shared base fleet, with `failures` injected, the arrival rate stepped and the
+    replicas placed on `topology`."""
     arrival = (
         ArrivalSpec(kind=ArrivalKind.STEPS, rate_rps=RATE_RPS, steps=steps)
         if steps
@@ -70,7 +77,7 @@ def fleet_config(
         max_model_len=4096,
     )
     return FleetConfig(
-        topology=TopologySpec(hosts_per_zone=1, replicas_per_host=2),
+        topology=topology,
         engine=engine,
         router=RouterSpec(policy=RouterPolicy.PREFIX_AFFINITY),
         workload=workload,

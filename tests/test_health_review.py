@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from collectors.replay import replay_fixture
 from dashboards.export import chart_specs, report_html
 from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet_config import DEFAULT_MODEL
+from emulator.fleet_config import DEFAULT_MODEL, TopologySpec
 from pipeline.dependency_review import DependencyReview
 from pipeline.health_finding import Finding, FindingKind, ScopeUnit
 from pipeline.request_sli import GoodputLimits
@@ -38,7 +38,7 @@ from servewatch.report_service import store_report
 from servewatch.service import Service
 from slo.alert_state import changes_from_frame
 from slo.alertmanager import AlertmanagerNotifier
-from tests.health_fleet import START, fleet_config, record
+from tests.health_fleet import BASE_TOPOLOGY, START, fleet_config, record
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +52,10 @@ HOST_LOST_FOR_S = 480.0
 V2 = f"{DEFAULT_MODEL}@v2"
 
 
-def _recorded_store(folder: Path, failures: tuple[FailureSpec, ...]) -> Path:
-    record(fleet_config(failures=failures), folder / "fixture", minutes=MINUTES)
+def _recorded_store(
+    folder: Path, failures: tuple[FailureSpec, ...], topology: TopologySpec = BASE_TOPOLOGY
+) -> Path:
+    record(fleet_config(failures=failures, topology=topology), folder / "fixture", minutes=MINUTES)
     db = folder / "store.duckdb"
     with Store.open(db) as store:
         replay_fixture(folder / "fixture", store=store)
@@ -85,6 +87,19 @@ def host_loss_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ),
     )
     return _recorded_store(tmp_path_factory.mktemp("health-host-loss"), failures)
+
+
+LOST_ZONE = "zone-a"
+TWO_HOST_ZONE = TopologySpec(zones=(LOST_ZONE, "zone-b"), hosts_per_zone=(2, 1))
+
+
+@pytest.fixture(scope="session")
+def zone_loss_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    failure = FailureSpec(
+        FailureKind.ZONE_LOSS, at_s=HOST_LOST_AT_S, target=LOST_ZONE, duration_s=HOST_LOST_FOR_S
+    )
+    folder = tmp_path_factory.mktemp("health-zone-loss")
+    return _recorded_store(folder, (failure,), TWO_HOST_ZONE)
 
 
 def _findings(db: Path, **options: object) -> tuple[Finding, ...]:
@@ -143,6 +158,19 @@ def test_a_lost_host_is_one_host_finding_not_many_replica_faults(host_loss_db: P
     assert "vllm-2" in finding.summary
     assert "vllm-3" in finding.summary
     assert {e.name: e.value for e in finding.evidence}["targets"] == 3  # 2 replicas + DCGM
+
+
+def test_a_lost_zone_is_one_zone_finding_not_one_per_host(zone_loss_db: Path) -> None:
+    dependency = _of(_findings(zone_loss_db), FindingKind.DEPENDENCY)
+    assert [(f.scope_unit, f.scope) for f in dependency] == [(ScopeUnit.ZONE, LOST_ZONE)]
+    (zone,) = dependency
+    lost_at = START + timedelta(seconds=HOST_LOST_AT_S)
+    assert abs(zone.start - lost_at) <= timedelta(minutes=1)
+    assert zone.end is not None
+    assert abs(zone.end - (lost_at + timedelta(seconds=HOST_LOST_FOR_S))) <= timedelta(minutes=1)
+    evidence = {e.name: e.value for e in zone.evidence}
+    assert (evidence["hosts"], evidence["replicas"]) == (2, 4)
+    assert "vllm-0, vllm-1, vllm-2, vllm-3" in zone.summary
 
 
 def test_replicas_without_zone_and_a_single_zone_pool_are_flagged(clean_db: Path) -> None:

@@ -4,6 +4,7 @@ by hand, the rollout failure of the emulator, and findings turned into ticket al
 from __future__ import annotations
 
 import random
+from collections.abc import Container, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -142,7 +143,9 @@ def _targets(rows: list[tuple[str, str | None, str | None, str | None]]) -> pl.L
     )
 
 
-def _scrapes(failing: dict[str, range], targets: list[str], *, minutes: int) -> pl.LazyFrame:
+def _scrapes(
+    failing: Mapping[str, Container[int]], targets: list[str], *, minutes: int
+) -> pl.LazyFrame:
     rows = [
         (target, T0 + timedelta(minutes=m, seconds=s), m not in failing.get(target, range(0)))
         for m in range(minutes)
@@ -206,6 +209,32 @@ def test_targets_of_one_host_failing_together_are_one_host_loss() -> None:
     # The GPU exporter kept answering: the replicas restarted, the host did not go away.
     replicas_only = {"vllm/a0": lost, "vllm/a1": lost}
     assert _review(_targets(HOSTS), _scrapes(replicas_only, ids, minutes=20), minutes=20) == []
+
+
+def test_every_host_of_a_zone_failing_together_is_one_zone_loss() -> None:
+    two_hosts = [*HOSTS[:3], ("vllm/c0", "c0", "host-c", "z1"), ("vllm/c1", "c1", "host-c", "z1")]
+    rows = [*two_hosts, *HOSTS[3:]]
+    ids = [t[0] for t in rows]
+    zone = [t[0] for t in two_hosts]
+    # Zone z1 goes for minutes 5-9; before that host-a goes alone for minute 2, and host-c
+    # stays down one minute longer than its zone: those are host losses of their own.
+    on_a = ("vllm/a0", "vllm/a1", "dcgm/host-a")
+    failing = {t: {*range(5, 10), *(range(2, 3) if t in on_a else range(10, 11))} for t in zone}
+    findings = _review(_targets(rows), _scrapes(failing, ids, minutes=20), minutes=20)
+    assert [(f.scope_unit, f.scope, f.start, f.end) for f in findings] == [
+        (ScopeUnit.ZONE, "z1", T0 + timedelta(minutes=5), T0 + timedelta(minutes=10)),
+        (ScopeUnit.HOST, "host-a", T0 + timedelta(minutes=2), T0 + timedelta(minutes=3)),
+        (ScopeUnit.HOST, "host-c", T0 + timedelta(minutes=5), T0 + timedelta(minutes=11)),
+    ]
+    zone_loss = findings[0]
+    assert {e.name: e.value for e in zone_loss.evidence}["hosts"] == 2
+    assert zone_loss.summary.startswith("zone z1 (2 hosts) lost: all 5 of its targets")
+    assert "a0, a1, c0, c1" in zone_loss.summary
+
+    # A zone on one host is that host: z2's loss stays a host finding.
+    z2 = {"vllm/b0": range(5, 8), "vllm/b1": range(5, 8)}
+    (host,) = _review(_targets(rows), _scrapes(z2, ids, minutes=20), minutes=20)
+    assert (host.scope_unit, host.scope) == (ScopeUnit.HOST, "host-b")
 
 
 def test_unplaced_replicas_and_one_zone_pools() -> None:
