@@ -27,6 +27,7 @@ from capacity.demand import RateDemand, TokenDemand
 from capacity.figure import Figure, SourceKind, assumed
 from capacity.placement import FailureUnit
 from capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
+from slo.fields import Fields
 
 DEFAULT_RECOVERY_INTERVAL_S = 180.0
 
@@ -136,79 +137,14 @@ def replace_figure(spec: Spec, path: str, figure: Figure) -> Spec:
     return replace(spec, **{head: new})  # type: ignore[type-var]
 
 
-class _Fields:
-    """A TOML table being read, remembering its path for error messages."""
+class _Fields(Fields):
+    """A TOML table of a requirement file being read; figures carry their source."""
 
-    def __init__(self, data: Mapping[str, Any], path: str, where: str) -> None:
-        self.data = data
-        self.path = path
-        self.where = where
-        self.read: set[str] = set()
+    error = RequirementError
+    mapping_word = "table"
+    key_word = "setting"
 
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, message: str) -> RequirementError:
-        return RequirementError(f"{self.where}: {self.name(key)}: {message}")
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def get(self, key: str) -> Any:
-        self.read.add(key)
-        return self.data.get(key)
-
-    def table(self, key: str) -> _Fields:
-        value = self.get(key)
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise self.fail(key, f"must be a table, got {type(value).__name__}")
-        return _Fields(value, self.name(key), self.where)
-
-    def text(self, key: str, default: str) -> str:
-        value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        return value
-
-    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-        value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
-        return tuple(value)
-
-    def whole(self, key: str, default: int) -> int:
-        value = self.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(key, f"must be a positive whole number, got {value!r}")
-        return value
-
-    def wholes(self, key: str) -> tuple[int, ...]:
-        value = self.get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
-        ):
-            raise self.fail(key, f"must be a list of positive whole numbers, got {value!r}")
-        return tuple(value)
-
-    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
-        value = self.get(key)
-        if value is None:
-            raise self.fail(key, f"is required; allowed: {', '.join(allowed)}")
-        if value not in allowed:
-            raise self.fail(key, f"is {value!r}; allowed: {', '.join(allowed)}")
-        return str(value)
-
-    def number(self, key: str, value: Any, check: _Check) -> float:
+    def checked(self, key: str, value: Any, check: _Check) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, f"must be a number, got {value!r}")
         number = float(value)
@@ -217,41 +153,35 @@ class _Fields:
         return number
 
     def figure(self, key: str, unit: str, check: _Check, default: Figure | None = None) -> Figure:
-        value = self.get(key)
+        value = self.raw(key)
         if value is None:
             if default is None:
                 raise self.fail(key, f"is required ({check.allowed}, in {unit})")
             return default
         basis = f"stated in {self.where} at {self.name(key)}"
         if not isinstance(value, dict):
-            return assumed(self.number(key, value, check), unit, basis)
-        inner = _Fields(value, self.name(key), self.where)
+            return assumed(self.checked(key, value, check), unit, basis)
+        inner = _Fields(value, where=self.where, path=self.name(key))
         if "value" not in value:
             raise inner.fail("value", f"is required ({check.allowed}, in {unit})")
-        number = inner.number("value", inner.get("value"), check)
-        kind_text = inner.text("kind", SourceKind.ASSUMED.value)
+        number = inner.checked("value", inner.raw("value"), check)
+        kind_text = inner.text("kind", default=SourceKind.ASSUMED.value)
         kinds = (SourceKind.ASSUMED.value, SourceKind.MEASURED.value)
         if kind_text not in kinds:
             raise inner.fail("kind", f"is {kind_text!r}; allowed: {', '.join(kinds)}")
-        basis = inner.text("basis", basis)
-        low_raw, high_raw = inner.get("low"), inner.get("high")
+        basis = inner.text("basis", default=basis)
+        low_raw, high_raw = inner.raw("low"), inner.raw("high")
         inner.done()
         if (low_raw is None) != (high_raw is None):
             missing = "high" if high_raw is None else "low"
             raise inner.fail(missing, "is required when the other end of the range is given")
         low = high = None
         if low_raw is not None:
-            low = inner.number("low", low_raw, check)
-            high = inner.number("high", high_raw, check)
+            low = inner.checked("low", low_raw, check)
+            high = inner.checked("high", high_raw, check)
             if not low <= number <= high:
                 raise inner.fail("value", f"{number:g} lies outside its range [{low:g}, {high:g}]")
         return Figure(number, unit, SourceKind(kind_text), basis, low, high)
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.read)
-        if unknown:
-            allowed = ", ".join(sorted(self.read))
-            raise self.fail(unknown[0], f"unknown setting; allowed here: {allowed}")
 
 
 @dataclass(frozen=True)
@@ -317,7 +247,7 @@ def _demand(section: _Fields) -> RateDemand | TokenDemand:
 
 
 def _replica(section: _Fields) -> ReplicaCapacity:
-    gpus = section.whole("gpus", 1)
+    gpus = section.positive_whole("gpus", default=1)
     if section.has("capacity_req_per_min"):
         for key in ("decode_tokens_per_s", "prefill_tokens_per_s", "prefill_compute"):
             if section.has(key):
@@ -357,9 +287,9 @@ def _replica(section: _Fields) -> ReplicaCapacity:
 
 def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     """A requirement from parsed TOML; `where` names the source in error messages."""
-    root = _Fields(data, "", where)
-    name = root.text("name", Path(where).stem)
-    failure_unit = FailureUnit(root.choice("failure_unit", tuple(u.value for u in FailureUnit)))
+    root = _Fields(data, where=where)
+    name = root.text("name", default=Path(where).stem)
+    failure_unit = root.choice("failure_unit", FailureUnit)
     headroom = root.figure(
         "headroom_ratio",
         "ratio",
@@ -373,14 +303,14 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
 
     replica_section = root.table("replica")
     replica = _replica(replica_section)
-    pool = replica_section.text("pool", "") or None
+    pool = replica_section.text("pool")
     replica_section.done()
 
     placement_section = root.table("placement")
     placement = PlacementSpec(
-        replicas_per_host=placement_section.whole("replicas_per_host", 1),
-        zones=placement_section.strings("zones", ("zone-1",)),
-        candidate_hosts=placement_section.wholes("candidate_hosts"),
+        replicas_per_host=placement_section.positive_whole("replicas_per_host", default=1),
+        zones=placement_section.strings("zones") or ("zone-1",),
+        candidate_hosts=placement_section.positive_wholes("candidate_hosts"),
     )
     if len(set(placement.zones)) != len(placement.zones):
         raise placement_section.fail("zones", f"lists a zone twice: {list(placement.zones)}")
@@ -402,7 +332,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
             if recovery_section.has("replacement_startup_s")
             else None
         ),
-        startup_dependencies=recovery_section.strings("startup_dependencies", ()),
+        startup_dependencies=recovery_section.strings("startup_dependencies") or (),
     )
     recovery_section.done()
 
@@ -434,13 +364,15 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     slo_section = root.table("slo")
 
     def optional_limit(key: str) -> float | None:
-        value = slo_section.get(key)
-        return None if value is None else slo_section.number(key, value, POSITIVE)
+        value = slo_section.raw(key)
+        return None if value is None else slo_section.checked(key, value, POSITIVE)
 
     limit = optional_limit("latency_limit_s")
     ttft_limit, tpot_limit = optional_limit("ttft_limit_s"), optional_limit("tpot_limit_s")
-    target = slo_section.get("target_ratio")
-    target_ratio = 0.9 if target is None else slo_section.number("target_ratio", target, OPEN_RATIO)
+    target = slo_section.raw("target_ratio")
+    target_ratio = (
+        0.9 if target is None else slo_section.checked("target_ratio", target, OPEN_RATIO)
+    )
     default_latency = "p95 latency"
     if ttft_limit is not None or tpot_limit is not None:
         named = [
@@ -451,7 +383,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         default_latency = f"{target_ratio:.0%} of requests with {' and '.join(named)}"
     slo = SloTarget(
         latency_limit_s=limit,
-        latency=slo_section.text("latency", default_latency),
+        latency=slo_section.text("latency", default=default_latency),
         ttft_limit_s=ttft_limit,
         tpot_limit_s=tpot_limit,
         target_ratio=target_ratio,

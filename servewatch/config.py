@@ -15,6 +15,7 @@ from typing import Any
 from collectors.otlp_receiver import ReceiverConfig
 from collectors.request_spans import SpanMapping
 from collectors.targets import Target, TargetError, target_from_labels
+from slo.fields import Fields
 
 
 class ConfigError(ValueError):
@@ -57,88 +58,12 @@ class Config:
     jobs: JobSettings = field(default_factory=JobSettings)
 
 
-class _Section:
-    """A TOML table being read, remembering its path for error messages."""
+class _Section(Fields):
+    """A TOML table of `servewatch.toml` being read."""
 
-    def __init__(self, data: Mapping[str, Any], path: str, where: str) -> None:
-        self.data = data
-        self.path = path
-        self.where = where
-        self.read: set[str] = set()
-
-    def _name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {self._name(key)}: {message}")
-
-    def get(self, key: str) -> Any:
-        self.read.add(key)
-        return self.data.get(key)
-
-    def number(self, key: str, default: float, *, positive: bool = True) -> float:
-        value = self.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(key, f"must be a number, got {value!r}")
-        if positive and not value > 0:
-            raise self.fail(key, f"must be a positive number, got {value!r}")
-        return float(value)
-
-    def integer(self, key: str, default: int) -> int:
-        value = self.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(key, f"must be a positive whole number, got {value!r}")
-        return value
-
-    def text(self, key: str, default: str | None = None) -> str | None:
-        value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
-        return value
-
-    def strings(self, key: str) -> tuple[str, ...] | None:
-        value = self.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
-        return tuple(value)
-
-    def table(self, key: str) -> _Section:
-        value = self.get(key)
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise self.fail(key, f"must be a table, got {type(value).__name__}")
-        return _Section(value, self._name(key), self.where)
-
-    def tables(self, key: str) -> list[_Section]:
-        value = self.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise self.fail(key, "must be an array of tables ([[...]])")
-        return [_Section(v, f"{self._name(key)}[{i}]", self.where) for i, v in enumerate(value)]
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.read)
-        if unknown:
-            allowed = ", ".join(sorted(self.read))
-            raise self.fail(unknown[0], f"unknown setting; allowed here: {allowed}")
+    error = ConfigError
+    mapping_word = "table"
+    key_word = "setting"
 
 
 def _relative(base: Path | None, value: str) -> Path:
@@ -160,13 +85,13 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     """One inline [[targets]] entry; `interval_s` and `timeout_s` override the scrape settings
     for this target (a timeout longer than the target's interval is refused)."""
     labels = {
-        k: section.get(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
+        k: section.raw(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
     }
     url = section.text("url")
     if url is None:
         raise section.fail("url", "is required (the target's /metrics URL)")
-    interval_s = section.number("interval_s", 0.0) or None
-    timeout_s = section.number("timeout_s", 0.0) or None
+    interval_s = section.positive_number("interval_s", default=0.0) or None
+    timeout_s = section.positive_number("timeout_s", default=0.0) or None
     if timeout_s is not None and timeout_s > (interval_s or scrape.interval_s):
         raise section.fail(
             "timeout_s",
@@ -183,7 +108,7 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
 
 def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     where = str(source) if source else "configuration"
-    root = _Section(data, "", where)
+    root = _Section(data, where=where)
 
     store = root.table("store")
     store_path = _relative(source, store.text("path") or "servewatch.duckdb")
@@ -191,18 +116,18 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
 
     scrape_section = root.table("scrape")
     scrape = ScrapeSettings(
-        interval_s=scrape_section.number("interval_s", 15.0),
-        timeout_s=scrape_section.number("timeout_s", 10.0),
+        interval_s=scrape_section.positive_number("interval_s", default=15.0),
+        timeout_s=scrape_section.positive_number("timeout_s", default=10.0),
         keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=False),
     )
     scrape_section.done()
     if scrape.timeout_s > scrape.interval_s:
         raise scrape_section.fail("timeout_s", "must not exceed scrape.interval_s")
 
-    targets = [_target(section, scrape) for section in root.tables("targets")]
+    targets = [_target(section, scrape) for section in root.items("targets")]
 
     file_sd = []
-    for section in root.tables("file_sd"):
+    for section in root.items("file_sd"):
         path = section.text("path")
         if path is None:
             raise section.fail("path", "is required (a Prometheus file_sd JSON or YAML file)")
@@ -227,7 +152,9 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     otlp = ReceiverConfig(
         host=host,
         port=port,
-        max_body_bytes=otlp_section.integer("max_body_bytes", defaults.max_body_bytes),
+        max_body_bytes=otlp_section.positive_whole(
+            "max_body_bytes", default=defaults.max_body_bytes
+        ),
         bearer_token=otlp_section.text("bearer_token"),
         mapping=mapping,
     )
@@ -250,7 +177,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         raise jobs_section.fail("recommend_at_utc", f"must be HH:MM, got {recommend_at!r}")
     jobs = JobSettings(
         report_dir=None if report_dir is None else _relative(source, report_dir),
-        report_every_minutes=jobs_section.number("report_every_minutes", 15.0),
+        report_every_minutes=jobs_section.positive_number("report_every_minutes", default=15.0),
         requirement=None if requirement is None else _relative(source, requirement),
         recommend_at_utc=recommend_at,
     )

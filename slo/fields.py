@@ -1,4 +1,6 @@
-"""Fields of SLO files (YAML specs, the TOML window table) read with their path for errors.
+"""Fields of configuration files read with their path for errors: SLO files (YAML specs, the
+TOML window table) here, and, through subclasses naming their own error and words, the capacity
+requirement and `servewatch.toml`.
 
 Every error names the file, the dotted path of the bad field, what was found and what is
 allowed; unknown keys are errors, because a misspelt field silently ignored changes who gets
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, overload
 
 from slo.durations import parse_duration_s
 
@@ -22,7 +24,14 @@ class SpecError(ValueError):
 
 
 class Fields:
-    """One mapping of a file being read; remembers which keys were read for `done()`."""
+    """One mapping of a file being read; remembers which keys were read for `done()`.
+
+    Subclasses set `error` (the exception raised), and the words their files use for a mapping
+    and a key (TOML says table and setting)."""
+
+    error: ClassVar[type[ValueError]] = SpecError
+    mapping_word: ClassVar[str] = "mapping"
+    key_word: ClassVar[str] = "field"
 
     def __init__(self, data: Mapping[str, Any], *, where: str, path: str = "") -> None:
         self.data = data
@@ -31,18 +40,20 @@ class Fields:
         self.read: set[str] = set()
 
     @classmethod
-    def of(cls, value: object, *, where: str, path: str) -> Fields:
+    def of(cls, value: object, *, where: str, path: str) -> Self:
         """Fields of `value`, which must be a mapping (the error names `path` otherwise)."""
         if not isinstance(value, Mapping):
             found = type(value).__name__ if value is not None else "nothing"
-            raise SpecError(f"{where}: {path or 'document'}: must be a mapping, got {found}")
+            raise cls.error(
+                f"{where}: {path or 'document'}: must be a {cls.mapping_word}, got {found}"
+            )
         return cls(value, where=where, path=path)
 
     def name(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
-    def fail(self, key: str, message: str) -> SpecError:
-        return SpecError(f"{self.where}: {self.name(key)}: {message}")
+    def fail(self, key: str, message: str) -> ValueError:
+        return self.error(f"{self.where}: {self.name(key)}: {message}")
 
     def has(self, key: str) -> bool:
         return key in self.data
@@ -57,6 +68,10 @@ class Fields:
             raise self.fail(key, f"is required ({what})")
         return value
 
+    @overload
+    def text(self, key: str, *, default: str) -> str: ...
+    @overload
+    def text(self, key: str, *, default: None = None) -> str | None: ...
     def text(self, key: str, *, default: str | None = None) -> str | None:
         value = self.raw(key)
         if value is None:
@@ -73,6 +88,48 @@ class Fields:
             raise self.fail(key, f"must be a number, got {value!r}")
         return float(value)
 
+    def positive_number(self, key: str, *, default: float) -> float:
+        value = self.number(key)
+        if value is None:
+            return default
+        if not value > 0:
+            raise self.fail(key, f"must be a positive number, got {self.data[key]!r}")
+        return value
+
+    def flag(self, key: str, *, default: bool) -> bool:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...] | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, f"must be a list of non-empty strings, got {value!r}")
+        return tuple(value)
+
+    def positive_whole(self, key: str, *, default: int) -> int:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(key, f"must be a positive whole number, got {value!r}")
+        return value
+
+    def positive_wholes(self, key: str) -> tuple[int, ...]:
+        value = self.raw(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+        ):
+            raise self.fail(key, f"must be a list of positive whole numbers, got {value!r}")
+        return tuple(value)
+
     def whole(self, key: str, *, default: int, minimum: int) -> int:
         value = self.raw(key)
         if value is None:
@@ -85,7 +142,7 @@ class Fields:
         value = self.raw(key)
         if value is None:
             if default is None:
-                raise self.fail(key, f"is required; one of {_values(enum)}")
+                raise self.fail(key, f"is required; allowed: {_values(enum)}")
             return default
         try:
             return enum(value)
@@ -113,9 +170,18 @@ class Fields:
             )
         return seconds
 
-    def mapping(self, key: str) -> Fields | None:
+    def mapping(self, key: str) -> Self | None:
         value = self.raw(key)
-        return None if value is None else Fields.of(value, where=self.where, path=self.name(key))
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"must be a {self.mapping_word}, got {type(value).__name__}")
+        return type(self)(value, where=self.where, path=self.name(key))
+
+    def table(self, key: str) -> Self:
+        """Like `mapping`, but a missing one reads as empty (every field at its default)."""
+        found = self.mapping(key)
+        return type(self)({}, where=self.where, path=self.name(key)) if found is None else found
 
     def string_map(self, key: str) -> dict[str, str]:
         value = self.raw(key)
@@ -128,7 +194,7 @@ class Fields:
             raise self.fail(key, f"must be a mapping of names to strings, got {value!r}")
         return {k: str(v) for k, v in value.items()}
 
-    def items(self, key: str, *, required: bool = False) -> list[Fields]:
+    def items(self, key: str, *, required: bool = False) -> list[Self]:
         """The mappings of a list field, each with its indexed path (`slos[2]`)."""
         value = self.raw(key)
         if value is None:
@@ -138,7 +204,7 @@ class Fields:
         if not isinstance(value, Sequence) or isinstance(value, str):
             raise self.fail(key, f"must be a list, got {type(value).__name__}")
         return [
-            Fields.of(item, where=self.where, path=f"{self.name(key)}[{i}]")
+            self.of(item, where=self.where, path=f"{self.name(key)}[{i}]")
             for i, item in enumerate(value)
         ]
 
@@ -146,7 +212,7 @@ class Fields:
         unknown = sorted(str(k) for k in set(self.data) - self.read)
         if unknown:
             allowed = ", ".join(sorted(self.read))
-            raise self.fail(unknown[0], f"unknown field; allowed here: {allowed}")
+            raise self.fail(unknown[0], f"unknown {self.key_word}; allowed here: {allowed}")
 
 
 def _values(enum: type[Enum]) -> str:
