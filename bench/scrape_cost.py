@@ -238,6 +238,7 @@ class Window:
     peer_cpu_s: float = 0.0
     started: float = 0.0  # epoch seconds
     ended: float = 0.0
+    load_1m: float = 0.0  # the machine's 1-minute load average when the window ended
 
     @property
     def samples(self) -> int:
@@ -257,6 +258,7 @@ def _measured(mode: str, peer: Peer) -> Iterator[Window]:
     window.started = time.time()
     yield window
     window.ended = time.time()
+    window.load_1m = os.getloadavg()[0]
     window.process_cpu_s = time.process_time() - process_cpu
     window.peer_cpu_s = peer.cpu_s() - peer_cpu
 
@@ -440,7 +442,7 @@ def _comparisons(
     what = (
         f"{REPLICAS} vLLM endpoints every {INTERVAL_S:g} s, {seconds:g} s, {window.mode}: "
         f"{len(batches)} batches of median {statistics.median(batches):,.0f} samples, "
-        "both scrapers on one core"
+        f"both scrapers on one core, machine load {window.load_1m:.1f}"
     )
     ours = f"servewatch ({window.samples:,} samples)"
     peer = f"Prometheus ({peer_samples:,} samples)"

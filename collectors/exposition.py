@@ -11,7 +11,8 @@ left out, because they hold a creation time, not a measurement.
 
 Speed: a page is first read by a fast path that cuts lines with `str` methods only and checks
 names, label sets and values in bulk, parsing each distinct series key and label set once
-(`SeriesCache`). Any page the fast path cannot vouch for is read again, line by line, by
+(`SeriesCache`), and reading a page's values in one call where they are plain JSON floats.
+Any page the fast path cannot vouch for is read again, line by line, by
 `parse_sample_line`, the reference grammar, which also words the errors and numbers the lines;
 both paths give the same result for any page the fast path accepts.
 """
@@ -633,9 +634,13 @@ def _values(rests: list[str], *, openmetrics: bool) -> tuple[list[float], list[i
     # float() would also take digit separators and non-ASCII digits; the grammar does not.
     if "_" in joined or not joined.isascii() or (openmetrics and "#" in joined):
         return None
+    no_timestamps: list[int | None] = [None] * len(rests)
+    if "," not in joined:
+        floats = _json_floats(rests)
+        if floats is not None:
+            return floats, no_timestamps
     try:
-        # The common page has no timestamps: float() reads ' 12.5' whole, in one C loop.
-        no_timestamps: list[int | None] = [None] * len(rests)
+        # A page without timestamps: float() reads ' 12.5' whole, in one C loop.
         return list(map(float, rests)), no_timestamps
     except ValueError:
         pass
@@ -655,6 +660,25 @@ def _values(rests: list[str], *, openmetrics: bool) -> tuple[list[float], list[i
         except ValueError:  # ExpositionLineError included
             return None
     return values, timestamps
+
+
+def _json_floats(rests: list[str]) -> list[float] | None:
+    """The values read as one JSON array (a page's values without commas, one each), or None
+    unless every one is a JSON number with a fraction or an exponent, as exporters write
+    floats. Such a number means the same in JSON as in the exposition grammar, and both
+    parsers round it correctly, so the floats are float()'s, bit for bit; reading them in one
+    call costs about a sixth of a float() call each. Anything else is left to float(): JSON's
+    integers (its `-0` is 0), NaN and Inf, a leading `+` or `.`, a timestamp after the value."""
+    if not rests:
+        return None
+    try:
+        values = orjson.loads("[" + ",".join(rests) + "]")
+    except orjson.JSONDecodeError:  # also a number too large for a float
+        return None
+    if len(values) != len(rests) or set(map(type, values)) != {float}:
+        return None
+    floats: list[float] = values
+    return floats
 
 
 def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:

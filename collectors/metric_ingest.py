@@ -23,7 +23,13 @@ from collectors.exposition_batch import parse_expositions
 from collectors.targets import Target, TargetKind, targets_frame
 from collectors.trace_ingest import Reject, rejects_frame
 from collectors.vllm_catalogue import VLLM_CATALOGUE
-from pipeline.signals import Catalogue, CatalogueEntry, Disposition, catalogue_frame
+from pipeline.signals import (
+    Catalogue,
+    CatalogueEntry,
+    Disposition,
+    catalogue_frame,
+    entry_value,
+)
 from pipeline.store import Store
 from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
@@ -108,10 +114,13 @@ def ingest_pages(
             cache=cache,
         )
         parsed.update(zip(indices, batch.pages, strict=True))
-        # Page numbers of the batch become indices into `pages`, so one frame serves all kinds.
-        samples = batch.samples.with_columns(
-            page=pl.Series(indices, dtype=pl.UInt32).gather(batch.samples.get_column("page"))
-        )
+        samples = batch.samples
+        if len(indices) < len(pages):
+            # Page numbers of the batch become indices into `pages`, so one frame serves all
+            # kinds (a batch of every page is numbered so already).
+            samples = samples.with_columns(
+                page=pl.Series(indices, dtype=pl.UInt32).gather(samples.get_column("page"))
+            )
         catalogued.append(_catalogued(samples, catalogue=_CATALOGUES[kind]))
     for index, result in sorted(parsed.items()):
         page = pages[index]
@@ -131,33 +140,31 @@ def ingest_pages(
             | {"value": pl.Float64, "disposition": pl.String}
         )
     )
-    page_frame = pl.LazyFrame(
-        {
-            "page": range(len(pages)),
-            "target_id": [p.target.target_id for p in pages],
-            "scrape_ts": [p.scrape_ts for p in pages],
-        },
-        schema={"page": pl.UInt32, "target_id": pl.String, "scrape_ts": pl.Datetime("us")},
-    )
-    stored, unknown = pl.collect_all(
+    # Each sample's page gives its target and scrape time: a gather by page number.
+    target_id = pl.lit(pl.Series([p.target.target_id for p in pages], dtype=pl.String))
+    scrape_ts = pl.lit(pl.Series([p.scrape_ts for p in pages], dtype=pl.Datetime("us")))
+    paged = {
+        "target_id": target_id.gather(pl.col("page")),
+        "scrape_ts": scrape_ts.gather(pl.col("page")),
+    }
+    kept = all_samples.filter(pl.col("disposition").is_in(wanted))
+    stored, per_page, unknown = pl.collect_all(
         [
-            all_samples.filter(pl.col("disposition").is_in(wanted))
-            .join(page_frame, on="page", how="left")
-            .select(
-                "target_id",
-                "scrape_ts",
+            kept.select(
+                **paged,
                 ts=pl.coalesce(
                     pl.from_epoch(pl.col("timestamp_ms"), time_unit="ms").cast(pl.Datetime("us")),
-                    pl.col("scrape_ts"),
+                    paged["scrape_ts"],
                 ),
                 metric=pl.col("metric"),
                 labels=pl.col("labels"),
                 signal=pl.col("signal"),
                 source=pl.col("source"),
                 value=pl.col("value"),
-            ),
+            ).cast(SAMPLES_SCHEMA),
+            kept.group_by("page").len(),
             all_samples.filter(pl.col("disposition") == Disposition.UNKNOWN.value)
-            .join(page_frame, on="page", how="left")
+            .with_columns(**paged)
             .group_by("target_id", "family")
             .agg(
                 samples=pl.len().cast(pl.Int64),
@@ -166,8 +173,11 @@ def ingest_pages(
             ),
         ]
     )
-    stored = stored.cast(SAMPLES_SCHEMA)
-    stored_counts = {(t, s): n for t, s, n in stored.group_by(_PAGE).len().iter_rows()}
+    stored_by_page = dict(per_page.iter_rows())
+    stored_counts: dict[tuple[str, datetime], int] = {}
+    for index, page in enumerate(pages):
+        key = (page.target.target_id, page.scrape_ts)
+        stored_counts[key] = stored_counts.get(key, 0) + stored_by_page.get(index, 0)
     scrapes = pl.DataFrame(
         [_scrape_row(page, parsed.get(i), stored_counts) for i, page in enumerate(pages)],
         schema=SCRAPES_SCHEMA,
@@ -203,9 +213,11 @@ def _scrape_row(
 
 _KEY = ["metric", "labels"]
 _BY_KEY = ["canonical_metric", "canonical_labels", "family", "signal", "source", "disposition"]
+_VALUE_BY_KEY = ["_cat_scale", "_cat_blank_at", "_cat_clamp_lo", "_cat_clamp_hi"]
 _KEY_SCHEMA = pl.Schema(
     dict.fromkeys([*_KEY, *_BY_KEY], pl.String())
     | {"alias": pl.Boolean(), "rescales": pl.Boolean()}
+    | dict.fromkeys(_VALUE_BY_KEY, pl.Float64())
 )
 MAX_CACHED_KEYS = 200_000
 
@@ -243,11 +255,18 @@ def _learn_keys(keys: pl.DataFrame, *, catalogue: Catalogue) -> pl.DataFrame:
             source="source",
             disposition="disposition",
         )
+        .join(
+            catalogue.entry_frame().select("exposed", *_VALUE_BY_KEY),
+            left_on="metric",
+            right_on="exposed",
+            how="left",
+        )
         .collect()
         .with_columns(
             alias=exposed.is_in([e.exposed for e in catalogue.entries if e.alias]),
             rescales=exposed.is_in([e.exposed for e in catalogue.entries if not _keeps_value(e)]),
         )
+        .select(_KEY_SCHEMA.names())
         .cast(_KEY_SCHEMA)
     )
 
@@ -261,8 +280,8 @@ def _catalogued(samples: pl.DataFrame, *, catalogue: Catalogue) -> pl.LazyFrame:
     name falls back to cataloguing every sample, since shadowing is decided page by page."""
     cache = _known_keys(catalogue)
     keyed = samples.join(cache[catalogue.name], on=_KEY, how="left")
-    unknown = keyed.filter(pl.col("disposition").is_null())
-    if unknown.height:
+    if keyed.get_column("disposition").null_count():
+        unknown = keyed.filter(pl.col("disposition").is_null())
         learnt = _learn_keys(unknown.select(_KEY).unique(), catalogue=catalogue)
         cache[catalogue.name] = pl.concat([cache[catalogue.name], learnt], rechunk=True)
         keyed = pl.concat(
@@ -276,27 +295,21 @@ def _catalogued(samples: pl.DataFrame, *, catalogue: Catalogue) -> pl.LazyFrame:
         twins = keyed.filter(catalogued).group_by("canonical_metric", "canonical_labels")
         if twins.agg(pl.col("alias").n_unique() > 1).get_column("alias").any():
             return catalogue_frame(samples.lazy(), catalogue=catalogue, page_by=["page"])
-    rescaled = keyed.get_column("rescales")
-    parts = [keyed.filter(~rescaled)]
-    if rescaled.any():
-        needs_values = keyed.filter(rescaled)
-        # catalogue_frame keeps row order, so its values line up with the rows given.
-        values = catalogue_frame(needs_values.select(samples.columns).lazy(), catalogue=catalogue)
-        parts.append(needs_values.with_columns(value=values.select("value").collect().to_series()))
-    return (
-        pl.concat(parts)
-        .lazy()
-        .select(
-            "page",
-            "timestamp_ms",
-            "value",
-            metric="canonical_metric",
-            labels="canonical_labels",
-            family="family",
-            signal="signal",
-            source="source",
-            disposition="disposition",
-        )
+    # The entry's scale, sentinel and clamp are remembered with each key, so the values that
+    # an entry changes are recomputed here, by the catalogue's own expression.
+    value = pl.col("value")
+    if keyed.get_column("rescales").any():
+        value = pl.when(pl.col("rescales")).then(entry_value(value)).otherwise(value)
+    return keyed.lazy().select(
+        "page",
+        "timestamp_ms",
+        value=value,
+        metric="canonical_metric",
+        labels="canonical_labels",
+        family="family",
+        signal="signal",
+        source="source",
+        disposition="disposition",
     )
 
 

@@ -566,6 +566,21 @@ def _source(rule: SourceRule) -> pl.Expr:
     return pl.when(present).then(pl.lit(rule.labelled.value)).otherwise(default)
 
 
+def entry_value(value: pl.Expr) -> pl.Expr:
+    """A sample's value as its entry stores it (scaled, blanked at a sentinel, clamped), from
+    the `_cat_scale`, `_cat_blank_at`, `_cat_clamp_lo` and `_cat_clamp_hi` columns that
+    `Catalogue.entry_frame` gives a sample's row (all null: the value as exposed, in float)."""
+    raw = value.cast(pl.Float64)
+    # Polars orders NaN above every number; a NaN is not a sentinel, as in `normalised_value`.
+    blank = pl.col("_cat_blank_at").is_not_null() & ~raw.is_nan() & (raw >= pl.col("_cat_blank_at"))
+    return (
+        pl.when(blank)
+        .then(None)
+        .otherwise(raw * pl.col("_cat_scale").fill_null(1.0))
+        .clip(pl.col("_cat_clamp_lo"), pl.col("_cat_clamp_hi"))
+    )
+
+
 def catalogue_frame(
     samples: pl.LazyFrame, *, catalogue: Catalogue, page_by: Sequence[str] = ()
 ) -> pl.LazyFrame:
@@ -584,15 +599,7 @@ def catalogue_frame(
             f"catalogue {catalogue.name}: the sample frame lacks columns {sorted(missing)}; "
             "it needs metric (the name as exposed), labels (canonical JSON) and value (float)"
         )
-    raw = pl.col("value").cast(pl.Float64)
-    # Polars orders NaN above every number; a NaN is not a sentinel, as in `normalised_value`.
-    blank = pl.col("_cat_blank_at").is_not_null() & ~raw.is_nan() & (raw >= pl.col("_cat_blank_at"))
-    value = (
-        pl.when(blank)
-        .then(None)
-        .otherwise(raw * pl.col("_cat_scale").fill_null(1.0))
-        .clip(pl.col("_cat_clamp_lo"), pl.col("_cat_clamp_hi"))
-    )
+    value = entry_value(pl.col("value"))
     catalogued = pl.col("_cat_signal").is_not_null()
     disposition = (
         pl.when(catalogued)

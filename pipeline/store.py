@@ -468,7 +468,7 @@ class _WrittenKeys:
     def committed(self, scrapes: pl.DataFrame, series: pl.DataFrame, blocks: set[datetime]) -> None:
         if self.latest_scrape is not None:
             # A row a page: few enough for Python, which costs less here than a group-by.
-            for target, ts in scrapes.select("target_id", "ts").iter_rows():
+            for target, ts in _scrape_keys(scrapes):
                 known = self.latest_scrape.get(target)
                 self.latest_scrape[target] = ts if known is None else max(known, ts)
         if self.series is not None and series.height:
@@ -487,15 +487,40 @@ class _WrittenKeys:
             self.open_blocks.discard(block_ts)
 
 
+def _scrape_keys(scrapes: pl.DataFrame) -> list[tuple[str, datetime]]:
+    """(target, time) of each scrape: a row a page, few enough for Python lists, which cost
+    less here than a Polars select."""
+    targets: list[str] = scrapes.get_column("target_id").to_list()
+    times: list[datetime] = scrapes.get_column("ts").to_list()
+    return list(zip(targets, times, strict=True))
+
+
+def _points(keyed: pl.LazyFrame) -> pl.LazyFrame:
+    """Points as `points_head` stores them, in series and time order."""
+    return keyed.select("series_id", ts=pl.col("ts").dt.cast_time_unit("ms"), value="value").sort(
+        "series_id", "ts"
+    )
+
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _block_of(ts: datetime) -> datetime:
+    """The start of the block `ts` falls in: blocks are counted from the epoch, as
+    `dt.truncate` counts them."""
+    return _EPOCH + (ts - _EPOCH) // POINT_BLOCK * POINT_BLOCK
+
+
 def _blocks_of(ts: pl.Series) -> set[datetime]:
     """The blocks (start times) that points at `ts` fall in."""
-    ends = ts.dt.truncate(_POINT_BLOCK_TRUNCATE).dt.cast_time_unit("us")
-    first, last = ends.min(), ends.max()
+    first, last = ts.min(), ts.max()
     if first is None:
         return set()
-    if first == last:  # the common batch: one block, found without a unique()
-        assert isinstance(first, datetime)
-        return {first}
+    assert isinstance(first, datetime)
+    assert isinstance(last, datetime)
+    if _block_of(first) == _block_of(last):  # the common batch: one block, without a unique()
+        return {_block_of(first)}
+    ends = ts.dt.truncate(_POINT_BLOCK_TRUNCATE).dt.cast_time_unit("us")
     return set(ends.unique().to_list())
 
 
@@ -711,11 +736,13 @@ class Store:
             finally:
                 self._con.unregister("incoming_targets")
         if moved:
-            self._from_frame(
+            # The few moved rows go as list parameters: cheaper than scanning an Arrow table.
+            self._con.execute(
                 "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
-                "last_seen_ts = m.last_seen_ts FROM incoming_frame m "
+                "last_seen_ts = m.last_seen_ts FROM (SELECT unnest(?) AS target_id, "
+                "unnest(?) AS first_seen_ts, unnest(?) AS last_seen_ts) m "
                 "WHERE targets.target_id = m.target_id",
-                pl.DataFrame(moved, TARGETS_SCHEMA, orient="row"),
+                [[row[0] for row in moved], [row[-2] for row in moved], [row[-1] for row in moved]],
             )
         if upserted:
             self._written.targets = None  # the upsert merged rows in SQL: read them when needed
@@ -767,31 +794,35 @@ class Store:
         self, scrapes: pl.DataFrame, samples: pl.DataFrame, targets: pl.DataFrame, *, retry: bool
     ) -> tuple[int, int]:
         new_scrapes = self._new_scrapes(scrapes)
-        new_samples = samples.join(
-            new_scrapes.select("target_id", scrape_ts="ts"),
+        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
+        keyed = samples.lazy().join(
+            new_scrapes.lazy().select("target_id", scrape_ts="ts"),
             on=["target_id", "scrape_ts"],
             how="semi",
         )
-        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
-        keyed = new_samples.join(known, on=_SERIES_KEY, how="left")
-        new_series = self._new_series(keyed)
-        if new_series.height:
-            keyed = pl.concat(
-                [
-                    keyed.filter(pl.col("series_id").is_not_null()),
-                    keyed.filter(pl.col("series_id").is_null())
-                    .drop("series_id")
-                    .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
-                ]
-            )
-        points = keyed.select(
-            "series_id", ts=pl.col("ts").dt.cast_time_unit("ms"), value="value"
-        ).sort("series_id", "ts")
+        keyed = keyed.join(known.lazy(), on=_SERIES_KEY, how="left")
+        # A steady batch knows every series: its points are one query; only a batch with new
+        # series collects the keyed samples to number them, then points again.
+        points = _points(keyed).collect()
+        new_series = pl.DataFrame(schema=SERIES_SCHEMA)
+        if points.get_column("series_id").null_count():
+            known_keyed = keyed.collect()
+            new_series = self._new_series(known_keyed)
+            points = _points(
+                pl.concat(
+                    [
+                        known_keyed.filter(pl.col("series_id").is_not_null()),
+                        known_keyed.filter(pl.col("series_id").is_null())
+                        .drop("series_id")
+                        .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
+                    ]
+                ).lazy()
+            ).collect()
         blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
         self._con.execute("BEGIN TRANSACTION")
         try:
             self._write_targets(targets)
-            self._append("scrapes", new_scrapes, SCRAPES_SCHEMA)
+            self._append_few("scrapes", new_scrapes, SCRAPES_SCHEMA)
             self._append("series", new_series, SERIES_SCHEMA)
             self._append("points_head", points, _POINTS_HEAD_SCHEMA)
             self._mark_blocks(blocks)
@@ -817,11 +848,11 @@ class Store:
     def _new_scrapes(self, scrapes: pl.DataFrame) -> pl.DataFrame:
         """The scrapes of the batch not stored yet, each (target, time) once. A scrape later
         than any stored for its target is new; only the others are looked up."""
-        keys = scrapes.select("target_id", "ts").rows()  # a row a page: few
+        keys = _scrape_keys(scrapes)
         unique = scrapes
         if len(set(keys)) < len(keys):
             unique = scrapes.unique(["target_id", "ts"], keep="first", maintain_order=True)
-            keys = unique.select("target_id", "ts").rows()
+            keys = _scrape_keys(unique)
         latest = self._latest_scrapes()
         later = [ts > latest[target] if target in latest else True for target, ts in keys]
         if all(later):
@@ -887,6 +918,17 @@ class Store:
             f"INSERT INTO {table} ({_column_list(schema)}) "
             f"SELECT {_column_list(schema)} FROM incoming_frame",
             frame.select(schema.names()),
+        )
+
+    def _append_few(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
+        """`_append` for a frame of a few rows (a row a page): its columns go as list
+        parameters, which costs DuckDB less than scanning an Arrow table."""
+        if frame.height == 0:
+            return
+        self._con.execute(
+            f"INSERT INTO {table} ({_column_list(schema)}) "
+            f"SELECT {', '.join(['unnest(?)'] * len(schema))}",
+            [frame.get_column(name).to_list() for name in schema.names()],
         )
 
     def _from_frame(self, sql: str, frame: pl.DataFrame) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 import subprocess
 from collections import Counter as Multiset
 from collections.abc import Iterable, Iterator
@@ -657,6 +658,35 @@ def test_lenient_spellings_are_read(line: str) -> None:
 def test_value_spellings(spelling: str, expected: float) -> None:
     (value,) = parse_exposition(f"m {spelling}\n").value
     assert value_key(value) == value_key(expected)
+
+
+def bits(values: Iterable[float]) -> list[bytes]:
+    """Floats by their bytes: -0.0 differs from 0.0, and a NaN equals a NaN."""
+    return [struct.pack("<d", v) for v in values]
+
+
+VALUE_SPELLINGS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda v: f"{v:.25e}"),
+    st.builds(
+        lambda digits, exponent: f"{digits[0]}.{digits[1:] or '0'}e{exponent}",
+        st.text("0123456789", min_size=1, max_size=40),
+        st.integers(-340, 320),
+    ),
+    st.sampled_from(
+        ["-0.0", "-0", "0", "7", "+1.5", "01.5", ".5", "5.", "1e400", "-1e400", "NaN", "+Inf"]
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spellings=st.lists(VALUE_SPELLINGS, min_size=1, max_size=30))
+def test_a_page_of_values_reads_as_float_reads_each(spellings: list[str]) -> None:
+    # Pages whose values are all JSON floats are read in one call; the others value by value.
+    text = "".join(f'm{{i="{i}"}} {spelling}\n' for i, spelling in enumerate(spellings))
+    page = parse_exposition(text, openmetrics=False)
+    assert page.labels == [f'{{"i":"{i}"}}' for i in range(len(spellings))]
+    assert bits(page.value) == bits(float(spelling) for spelling in spellings)
 
 
 def test_label_escapes_are_undone_and_unknown_escapes_kept() -> None:

@@ -108,3 +108,26 @@ def test_a_rescaled_family_is_rescaled_in_every_batch(store: Store) -> None:
     second = ingest_pages([Page(HOST, times[1], page)], store=store)
     assert (first.stored_samples, second.stored_samples) == (1, 1)
     assert store.read_points().collect()["value"].to_list() == [1.5e9, 1.5e9]
+
+
+def test_blanked_and_clamped_values_are_the_same_in_a_later_batch(store: Store) -> None:
+    # The second batch takes each key's scale, sentinel and clamp from what the first learnt.
+    page = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 150\n'  # percent, clamped to a ratio of 1
+        'DCGM_FI_DEV_GPU_UTIL{gpu="1"} 40\n'
+        'DCGM_FI_DEV_SM_CLOCK{gpu="0"} 9223372036854775792\n'  # the INT64 blank sentinel
+    )
+    times = [datetime(2026, 11, 18, 11, 0, s) for s in (0, 15)]
+    for ts in times:
+        ingest_pages([Page(HOST, ts, page)], store=store)
+    points = store.read_points().collect().join(store.read_series().collect(), on="series_id")
+    by_time = {
+        ts: sorted(
+            points.filter(pl.col("ts") == ts).select("metric", "labels", "value").iter_rows(),
+            key=str,
+        )
+        for ts in times
+    }
+    assert by_time[times[0]] == by_time[times[1]]
+    assert sorted(v for _, _, v in by_time[times[0]] if v is not None) == [0.4, 1.0]
+    assert [v for _, _, v in by_time[times[0]] if v is None] == [None]
