@@ -6,7 +6,7 @@ percentiles are descriptive only (percentiles do not add); windowed percentiles 
 raw requests. A request belongs to the minute in which it finished.
 
 These Polars transforms are the definition; the rollup job runs the same computation inside
-DuckDB (`Store.aggregate_request_minutes`, `Store.aggregate_slo_minutes`) so a day of requests
+DuckDB (`Store.recompute_request_minutes`, `Store.recompute_slo_minutes`) so a day of requests
 never leaves the database, and the tests hold the two equal.
 """
 

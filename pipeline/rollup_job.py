@@ -14,11 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import polars as pl
-
 from pipeline.request_minutes import EventCriterion
-from pipeline.store import Store
-from pipeline.tables import REQUEST_MINUTES_SCHEMA, SLO_MINUTES_SCHEMA
+from pipeline.store import MinuteRollupSwap, Store
 
 
 @dataclass(frozen=True)
@@ -38,39 +35,31 @@ def criteria_fingerprint(criteria: Sequence[EventCriterion]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _roll_up(
-    store: Store,
-    *,
-    table: str,
-    fingerprint: str,
-    compute: Callable[[Sequence[datetime] | None], pl.LazyFrame],
-    count: Callable[[pl.DataFrame], int],
-    schema: pl.Schema,
-) -> RollupReport:
+# Recomputes the given minutes (all when None) and swaps them in with a watermark and a
+# fingerprint: `Store.recompute_request_minutes` or `Store.recompute_slo_minutes`.
+Recompute = Callable[[Sequence[datetime] | None, datetime, str], MinuteRollupSwap]
+
+
+def _roll_up(store: Store, *, table: str, fingerprint: str, recompute: Recompute) -> RollupReport:
     watermark_ts, stored_fingerprint = store.watermark(table)
     # The next watermark is this run's start: with one writer, everything written before it is
     # seen now, and anything written later is stamped at or after it.
     run_ts = store.now()
-    full = stored_fingerprint != fingerprint
-    # The aggregation runs where the rows are (see Store.aggregate_request_minutes): only
-    # per-minute rows cross into Polars, so memory follows the minutes, not the requests.
-    if full:
-        rows = compute(None).collect()
-        minutes = rows["minute_ts"].unique().sort().to_list()
-    else:
-        minutes = store.minutes_ingested_since(watermark_ts)
-        if not minutes:
-            return RollupReport(minutes=0, requests=0, full=False, watermark_ts=watermark_ts)
-        rows = compute(minutes).collect()
-    store.replace_minute_rollup(
-        table,
-        minutes=minutes,
-        frame=rows.select(schema.names()).cast(schema),
-        watermark_ts=run_ts,
-        fingerprint=fingerprint,
-        full=full,
+    # The aggregation runs where the rows are and writes its rows there (see
+    # Store.recompute_request_minutes): neither the requests nor the per-minute rows cross into
+    # Python.
+    if stored_fingerprint != fingerprint:
+        swap = recompute(None, run_ts, fingerprint)
+        return RollupReport(
+            minutes=swap.minutes, requests=swap.requests, full=True, watermark_ts=run_ts
+        )
+    minutes = store.minutes_ingested_since(watermark_ts)
+    if not minutes:
+        return RollupReport(minutes=0, requests=0, full=False, watermark_ts=watermark_ts)
+    swap = recompute(minutes, run_ts, fingerprint)
+    return RollupReport(
+        minutes=len(minutes), requests=swap.requests, full=False, watermark_ts=run_ts
     )
-    return RollupReport(minutes=len(minutes), requests=count(rows), full=full, watermark_ts=run_ts)
 
 
 def roll_up_request_minutes(store: Store) -> RollupReport:
@@ -79,9 +68,9 @@ def roll_up_request_minutes(store: Store) -> RollupReport:
         store,
         table="request_minutes",
         fingerprint=REQUEST_MINUTES_VERSION,
-        compute=store.aggregate_request_minutes,
-        count=lambda rows: int(rows["requests"].sum()),
-        schema=REQUEST_MINUTES_SCHEMA,
+        recompute=lambda minutes, watermark_ts, fingerprint: store.recompute_request_minutes(
+            minutes, watermark_ts=watermark_ts, fingerprint=fingerprint
+        ),
     )
 
 
@@ -91,11 +80,9 @@ def roll_up_slo_minutes(store: Store, *, criteria: Sequence[EventCriterion]) -> 
         store,
         table="slo_minutes",
         fingerprint=criteria_fingerprint(criteria),
-        compute=lambda minutes: store.aggregate_slo_minutes(minutes, criteria=criteria),
-        count=lambda rows: (
-            int(rows.filter(pl.col("slo") == criteria[0].name)["total"].sum()) if criteria else 0
+        recompute=lambda minutes, watermark_ts, fingerprint: store.recompute_slo_minutes(
+            minutes, criteria=criteria, watermark_ts=watermark_ts, fingerprint=fingerprint
         ),
-        schema=SLO_MINUTES_SCHEMA,
     )
 
 

@@ -432,6 +432,16 @@ class GoodEventLimits(Protocol):
 
 _ROLLUP_SCHEMAS = {"request_minutes": REQUEST_MINUTES_SCHEMA, "slo_minutes": SLO_MINUTES_SCHEMA}
 
+
+@dataclass(frozen=True)
+class MinuteRollupSwap:
+    """What one swap of a minute rollup put in place: the distinct minutes its new rows cover
+    and the requests they count."""
+
+    minutes: int
+    requests: int
+
+
 _SERIES_KEY = ["target_id", "metric", "labels"]
 # The stored form of points in `points_head`; reads give `POINTS_SCHEMA` (microsecond
 # timestamps).
@@ -1158,10 +1168,12 @@ class Store:
         finally:
             self._con.unregister("wanted_minutes")
 
-    def aggregate_request_minutes(self, minutes: Sequence[datetime] | None) -> pl.LazyFrame:
-        """`pipeline.request_minutes.request_minutes` of the requests that finished in the given
-        minutes (all when None), computed inside DuckDB: a day's requests never leave the
-        database, only their per-minute rows do. Columns of `REQUEST_MINUTES_SCHEMA`."""
+    def recompute_request_minutes(
+        self, minutes: Sequence[datetime] | None, *, watermark_ts: datetime, fingerprint: str
+    ) -> MinuteRollupSwap:
+        """Recompute `request_minutes` (`pipeline.request_minutes.request_minutes`) for the
+        requests that finished in `minutes` (all minutes when None) and swap them in with the
+        new watermark (see `_swap_minute_rollup`)."""
         latency = ", ".join(
             f"quantile_cont({column}, [0.5, 0.95, 0.99]) FILTER (WHERE ok) AS {stem}_q"
             for column, stem in (("ttft_s", "ttft"), (_TPOT_SQL, "tpot"), ("e2e_s", "e2e"))
@@ -1189,49 +1201,70 @@ class Store:
                 )
                 ORDER BY minute_ts, replica NULLS LAST
             """
-            frame: pl.DataFrame = self._con.sql(sql, params=params).pl()
-        return frame.lazy().cast(REQUEST_MINUTES_SCHEMA)
+            return self._swap_minute_rollup(
+                "request_minutes",
+                minutes,
+                select=(sql, params),
+                requests=("sum(requests)", []),
+                watermark_ts=watermark_ts,
+                fingerprint=fingerprint,
+            )
 
-    def aggregate_slo_minutes(
-        self, minutes: Sequence[datetime] | None, *, criteria: Sequence[GoodEventLimits]
-    ) -> pl.LazyFrame:
-        """`pipeline.request_minutes.slo_minutes` of the requests that finished in the given
-        minutes (all when None), computed inside DuckDB in one pass for every criterion.
-        Columns of `SLO_MINUTES_SCHEMA`, in minute order (what the table's zone maps want)."""
-        if not criteria:
-            return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
-        goods: list[str] = []
-        limit_params: list[object] = []
-        for index, criterion in enumerate(criteria):
-            condition = "ok"
-            for column, limit in (
-                ("ttft_s", criterion.ttft_limit_s),
-                (f"coalesce({_TPOT_SQL}, 0)", criterion.tpot_limit_s),
-                ("e2e_s", criterion.e2e_limit_s),
-            ):
-                if limit is not None:
-                    condition += f" AND {column} <= ?"
-                    limit_params.append(float(limit))
-            goods.append(f"count(*) FILTER (WHERE {condition}) AS good_{index}")
-        per_slo = " UNION ALL ".join(
-            f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
-            "pool, model, tenant FROM grouped"
-            for index in range(len(criteria))
-        )
+    def recompute_slo_minutes(
+        self,
+        minutes: Sequence[datetime] | None,
+        *,
+        criteria: Sequence[GoodEventLimits],
+        watermark_ts: datetime,
+        fingerprint: str,
+    ) -> MinuteRollupSwap:
+        """Recompute `slo_minutes` (`pipeline.request_minutes.slo_minutes`) for `criteria`, for
+        the requests that finished in `minutes` (all minutes when None), in one pass for every
+        criterion, and swap them in with the new watermark (see `_swap_minute_rollup`). Rows go
+        in minute order (what the table's zone maps want)."""
+        select: tuple[str, list[object]] | None = None
         with self._wanted_minutes(minutes) as (where, params):
-            sql = f"""
-                WITH grouped AS (
-                    SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
-                           tenant, count(*) AS total, {", ".join(goods)}
-                    FROM requests{where}
-                    GROUP BY ALL
+            if criteria:
+                goods: list[str] = []
+                limit_params: list[object] = []
+                for index, criterion in enumerate(criteria):
+                    condition = "ok"
+                    for column, limit in (
+                        ("ttft_s", criterion.ttft_limit_s),
+                        (f"coalesce({_TPOT_SQL}, 0)", criterion.tpot_limit_s),
+                        ("e2e_s", criterion.e2e_limit_s),
+                    ):
+                        if limit is not None:
+                            condition += f" AND {column} <= ?"
+                            limit_params.append(float(limit))
+                    goods.append(f"count(*) FILTER (WHERE {condition}) AS good_{index}")
+                per_slo = " UNION ALL ".join(
+                    f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
+                    "pool, model, tenant FROM grouped"
+                    for index in range(len(criteria))
                 )
-                SELECT * FROM ({per_slo})
-                ORDER BY minute_ts
-            """
-            names = [criterion.name for criterion in criteria]
-            frame: pl.DataFrame = self._con.sql(sql, params=[*limit_params, *params, *names]).pl()
-        return frame.lazy().select(SLO_MINUTES_SCHEMA.names()).cast(SLO_MINUTES_SCHEMA)
+                sql = f"""
+                    WITH grouped AS (
+                        SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
+                               tenant, count(*) AS total, {", ".join(goods)}
+                        FROM requests{where}
+                        GROUP BY ALL
+                    )
+                    SELECT * FROM ({per_slo})
+                    ORDER BY minute_ts
+                """
+                names = [criterion.name for criterion in criteria]
+                select = (sql, [*limit_params, *params, *names])
+            # Every criterion counts every request; the first one's totals are the requests.
+            first = criteria[0].name if criteria else None
+            return self._swap_minute_rollup(
+                "slo_minutes",
+                minutes,
+                select=select,
+                requests=("sum(total) FILTER (WHERE slo = ?)", [first]),
+                watermark_ts=watermark_ts,
+                fingerprint=fingerprint,
+            )
 
     @contextmanager
     def _wanted_minutes(
@@ -1239,7 +1272,8 @@ class Store:
     ) -> Iterator[tuple[str, list[object]]]:
         """A WHERE clause selecting requests that finished in `minutes` (all when None). The
         range on end_ts lets DuckDB skip row groups by their min/max (requests are stored
-        roughly in completion order), so recomputing a few minutes does not scan history."""
+        roughly in completion order), so recomputing a few minutes does not scan history.
+        Registers `wanted_minutes` (one column, `m`) while open, for the swap's delete."""
         if minutes is None:
             yield "", []
             return
@@ -1257,41 +1291,51 @@ class Store:
         finally:
             self._con.unregister("wanted_minutes")
 
-    def replace_minute_rollup(
+    def _swap_minute_rollup(
         self,
         table: str,
+        minutes: Sequence[datetime] | None,
         *,
-        minutes: Sequence[datetime],
-        frame: pl.DataFrame,
-        watermark_ts: datetime | None,
+        select: tuple[str, list[object]] | None,
+        requests: tuple[str, list[object]],
+        watermark_ts: datetime,
         fingerprint: str,
-        full: bool = False,
-    ) -> None:
-        """Swap in recomputed rows of a minute rollup (`request_minutes` or `slo_minutes`) for
-        `minutes` (all minutes when `full`) and move its watermark, in one transaction, so a
-        crash leaves either the old or the new state."""
+    ) -> MinuteRollupSwap:
+        """Replace a minute rollup's rows for `minutes` (all rows when None) by those `select`
+        computes (none when None) and move its watermark, in one transaction, so a crash leaves
+        either the old or the new state. `wanted_minutes` must be registered when `minutes` is
+        given. The rows go from the query straight into the table: a day's worth of them never
+        crosses into Python. `requests` is the aggregate over the new rows that counts the
+        requests they hold."""
         schema = _ROLLUP_SCHEMAS.get(table)
         if schema is None:
             raise StoreError(f"not a minute rollup: {table!r}; allowed: {sorted(_ROLLUP_SCHEMAS)}")
-        _check_schema(table, frame, schema)
-        wanted = pl.DataFrame({"m": list(minutes)}, schema={"m": pl.Datetime("us")})
-        self._con.register("wanted_minutes", wanted.to_arrow())
-        self._con.register("new_rollup_rows", frame.to_arrow())
+        if minutes is None:
+            scope, scope_params = "", []
+        elif minutes:
+            # The range lets DuckDB skip row groups of history by their min/max.
+            scope = (
+                " WHERE minute_ts BETWEEN ? AND ? AND minute_ts IN (SELECT m FROM wanted_minutes)"
+            )
+            scope_params = [min(minutes), max(minutes)]
+        else:
+            scope, scope_params = " WHERE false", []
+        columns = _column_list(schema)
         self._con.execute("BEGIN TRANSACTION")
         try:
-            if full:
-                self._con.execute(f"DELETE FROM {table}")
-            elif minutes:
-                # The range lets DuckDB skip row groups of history by their min/max.
+            self._con.execute(f"DELETE FROM {table}{scope}", scope_params)
+            if select is not None:
+                sql, params = select
                 self._con.execute(
-                    f"DELETE FROM {table} WHERE minute_ts BETWEEN ? AND ? "
-                    "AND minute_ts IN (SELECT m FROM wanted_minutes)",
-                    [min(minutes), max(minutes)],
+                    f"INSERT INTO {table} ({columns}) SELECT {columns} FROM ({sql})", params
                 )
-            self._con.execute(
-                f"INSERT INTO {table} ({_column_list(schema)}) "
-                f"SELECT {_column_list(schema)} FROM new_rollup_rows"
-            )
+            requests_sql, requests_params = requests
+            # An aggregate without GROUP BY: exactly one row.
+            ((minutes_count, requests_count),) = self._con.execute(
+                f"SELECT count(DISTINCT minute_ts), coalesce({requests_sql}, 0) "
+                f"FROM {table}{scope}",
+                [*requests_params, *scope_params],
+            ).fetchall()
             self._con.execute(
                 """
                 INSERT INTO rollup_watermarks VALUES (?, ?, ?, ?)
@@ -1304,9 +1348,7 @@ class Store:
         except duckdb.Error as exc:
             self._con.execute("ROLLBACK")
             raise StoreError(f"replacing {table} in {self.path} failed: {exc}") from exc
-        finally:
-            for name in ("wanted_minutes", "new_rollup_rows"):
-                self._con.unregister(name)
+        return MinuteRollupSwap(minutes=int(minutes_count), requests=int(requests_count))
 
     def read_request_minutes(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
