@@ -1175,7 +1175,7 @@ class Store:
         requests that finished in `minutes` (all minutes when None) and swap them in with the
         new watermark (see `_swap_minute_rollup`)."""
         latency = ", ".join(
-            f"quantile_cont({column}, [0.5, 0.95, 0.99]) FILTER (WHERE ok) AS {stem}_q"
+            f"quantile_cont({column}, [0.5, 0.95, 0.99]) AS {stem}_q"
             for column, stem in (("ttft_s", "ttft"), (_TPOT_SQL, "tpot"), ("e2e_s", "e2e"))
         )
         picked = ", ".join(
@@ -1184,27 +1184,38 @@ class Store:
             for i, p in enumerate((50, 95, 99), start=1)
         )
         with self._wanted_minutes(minutes) as (where, params):
+            # Successful and failed requests (`ok` is never null) in two passes joined per
+            # replica-minute: per-aggregate FILTERs on one pass cost more than the failed
+            # requests' own small pass (~4 % of the full day's rollup).
+            scoped = f"{where} AND" if where else " WHERE"
             sql = f"""
-                SELECT replica, minute_ts, requests, failed_requests, prompt_tokens,
-                       completion_tokens, {picked}
-                FROM (
+                WITH succeeded AS (
                     SELECT replica, date_trunc('minute', end_ts) AS minute_ts,
-                        count(*) AS requests,
-                        count(*) FILTER (WHERE NOT ok) AS failed_requests,
-                        coalesce(sum(prompt_tokens) FILTER (WHERE ok), 0)::BIGINT
-                            AS prompt_tokens,
-                        coalesce(sum(completion_tokens) FILTER (WHERE ok), 0)::BIGINT
-                            AS completion_tokens,
-                        {latency}
-                    FROM requests{where}
+                           count(*) AS requests, sum(prompt_tokens) AS prompt_tokens,
+                           sum(completion_tokens) AS completion_tokens, {latency}
+                    FROM requests{scoped} ok
+                    GROUP BY ALL
+                ),
+                failed AS (
+                    SELECT replica, date_trunc('minute', end_ts) AS minute_ts,
+                           count(*) AS requests
+                    FROM requests{scoped} NOT ok
                     GROUP BY ALL
                 )
+                SELECT coalesce(s.replica, f.replica) AS replica,
+                       coalesce(s.minute_ts, f.minute_ts) AS minute_ts,
+                       coalesce(s.requests, 0) + coalesce(f.requests, 0) AS requests,
+                       coalesce(f.requests, 0) AS failed_requests,
+                       coalesce(s.prompt_tokens, 0)::BIGINT AS prompt_tokens,
+                       coalesce(s.completion_tokens, 0)::BIGINT AS completion_tokens, {picked}
+                FROM succeeded AS s FULL JOIN failed AS f
+                    ON s.minute_ts = f.minute_ts AND s.replica IS NOT DISTINCT FROM f.replica
                 ORDER BY minute_ts, replica NULLS LAST
             """
             return self._swap_minute_rollup(
                 "request_minutes",
                 minutes,
-                select=(sql, params),
+                select=(sql, [*params, *params]),
                 requests=("sum(requests)", []),
                 watermark_ts=watermark_ts,
                 fingerprint=fingerprint,
