@@ -12,11 +12,15 @@ the instant it arrives), measured in the same run, so the ratios show what simul
 engines and writing the outputs cost on top of generating the requests. Unit: virtual seconds
 per wall second; the target for the whole is >= 720 (a day in under 2 minutes). `--quick`
 simulates 1 h. The line printed first says whether the emulator runs compiled
-(emulator/native.py; `make native` builds it).
+(emulator/native.py; `make native` builds it). Fixture mode's CPU time is printed per process
+(the simulating one and the helper that writes the files, with the helper's time in the kernel,
+which creating a hundred thousand page files can dominate): on two cores the whole can finish
+in under two minutes only if each stays well below that.
 """
 
 from __future__ import annotations
 
+import resource
 import shutil
 import tempfile
 import time
@@ -78,10 +82,35 @@ def simulate(config: FleetConfig, virtual_s: float) -> tuple[float, CountingObse
     return time.perf_counter() - started, observer
 
 
-def record(config: FleetConfig, virtual_s: float) -> tuple[float, dict[str, Any], int]:
-    """Fixture mode into a fresh temporary folder: (wall s, manifest, bytes written)."""
+@dataclass(frozen=True)
+class Recorded:
+    """One fixture-mode run: wall time, CPU time of this (simulating) process and of the
+    helper process that writes the files, the manifest and the bytes written."""
+
+    wall_s: float
+    simulating_cpu_s: float
+    helper_cpu_s: float
+    helper_system_cpu_s: float  # in the kernel: mostly creating the page files
+    manifest: dict[str, Any]
+    size_bytes: int
+
+
+def _cpu_s(who: int) -> tuple[float, float]:
+    """(user + system, system) CPU seconds of `who` so far."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime, usage.ru_stime
+
+
+def record(config: FleetConfig, virtual_s: float) -> Recorded:
+    """Fixture mode into a fresh temporary folder."""
     parent = Path(tempfile.mkdtemp(prefix="servewatch-bench-fixture-"))
     try:
+        # The helper is a child process: its CPU time shows in RUSAGE_CHILDREN once it has
+        # exited, which `record_fixture` waits for.
+        self_before, children_before = (
+            _cpu_s(resource.RUSAGE_SELF),
+            _cpu_s(resource.RUSAGE_CHILDREN),
+        )
         started = time.perf_counter()
         writer = FixtureWriter(
             parent / "fixture",
@@ -95,7 +124,15 @@ def record(config: FleetConfig, virtual_s: float) -> tuple[float, dict[str, Any]
         manifest = record_fixture(simulation, writer, end_s=START_S + virtual_s)
         wall_s = time.perf_counter() - started
         size = sum(p.stat().st_size for p in parent.rglob("*") if p.is_file())
-        return wall_s, manifest, size
+        self_after, children_after = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
+        return Recorded(
+            wall_s=wall_s,
+            simulating_cpu_s=self_after[0] - self_before[0],
+            helper_cpu_s=children_after[0] - children_before[0],
+            helper_system_cpu_s=children_after[1] - children_before[1],
+            manifest=manifest,
+            size_bytes=size,
+        )
     finally:
         shutil.rmtree(parent, ignore_errors=True)
 
@@ -123,15 +160,20 @@ def run(*, quick: bool = False) -> list[Comparison]:
     hours = f"{virtual_s / 3600:.0f} h"
     config = day_config()
     print(f"   {native.describe()}", flush=True)
-    whole_s, manifest, size = record(config, virtual_s)
+    recorded = record(config, virtual_s)
     sim_s, counts = simulate(config, virtual_s)
     draw_s, drawn = draw_requests_only(config, virtual_s)
-    whole, alone = virtual_s / whole_s, virtual_s / sim_s
+    whole, alone = virtual_s / recorded.wall_s, virtual_s / sim_s
+    manifest = recorded.manifest
     print(
-        f"   fixture mode: {hours} of {len(config.placements())} replicas in {whole_s:.1f} s wall "
-        f"({manifest['spans']['count']:,} spans, {manifest['pages']['count']:,} pages every "
-        f"{SCRAPE_INTERVAL_S:g} s, {size / 2**20:,.0f} MiB). Target ratio >= {TARGET_RATIO:.0f}: "
+        f"   fixture mode: {hours} of {len(config.placements())} replicas in "
+        f"{recorded.wall_s:.1f} s wall ({manifest['spans']['count']:,} spans, "
+        f"{manifest['pages']['count']:,} pages every {SCRAPE_INTERVAL_S:g} s, "
+        f"{recorded.size_bytes / 2**20:,.0f} MiB). Target ratio >= {TARGET_RATIO:.0f}: "
         f"{'met' if whole >= TARGET_RATIO else 'NOT met'} ({whole:.0f})\n"
+        f"   fixture mode CPU: simulating process {recorded.simulating_cpu_s:.1f} s, "
+        f"file-writing helper {recorded.helper_cpu_s:.1f} s ({recorded.helper_system_cpu_s:.1f} s "
+        "of it in the kernel)\n"
         f"   simulation alone: {sim_s:.1f} s wall: {counts.requests:,} requests "
         f"({counts.failed} failed), {counts.steps:,} engine steps in {counts.step_records:,} "
         f"step records; drawing {drawn:,} requests alone took {draw_s:.1f} s",
