@@ -30,13 +30,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
-from emulator.records import FinishedRequest, ReplicaEvent, ReplicaPlacement
+from emulator.records import FinishedRequest, ReplicaEvent, ReplicaEventKind, ReplicaPlacement
 from emulator.span_output import JsonLinesSpanOutput, SpanFields, jsonl_span_output, span_fields
 from emulator.vllm_metrics import EngineSettings, render_page_values
 
 _HEADER = struct.Struct("<BIQ")  # kind, path length in bytes, data length in bytes
 _SETUP, _PAGE, _RECORDS, _VLLM_PAGE = 1, 2, 3, 4
 _BATCH = 512  # records per message
+_EVENT_FIELD_COUNT = 6
 _PIPE_BYTES = 1 << 20  # a larger pipe means fewer switches between the two processes
 _F_SETPIPE_SZ = 1031  # fcntl's F_SETPIPE_SZ on Linux
 
@@ -115,13 +116,27 @@ class _Utf8Lines:
         """The gzip stream is flushed when it closes."""
 
 
+_EventFields = tuple[str, float, str, str, float, str | None]
+
+
+def _event_fields(event: ReplicaEvent) -> _EventFields:
+    # A compiled frozen record cannot be unpickled (unpickling sets its fields one by one).
+    return (event.replica, event.at_s, event.kind.value, event.detail, event.factor, event.model)
+
+
+def _event(fields: _EventFields) -> ReplicaEvent:
+    replica, at_s, kind, detail, factor, model = fields
+    return ReplicaEvent(replica, at_s, ReplicaEventKind(kind), detail, factor, model)
+
+
 class _ForwardedSpans:
     """`FixtureFiles`' span output: records batched for the helper, which makes the spans."""
 
     def __init__(self, files: FixtureFiles, placements: Iterable[ReplicaPlacement]) -> None:
         self._files = files
         self._known = {p.replica for p in placements}
-        self._batch: list[SpanFields | ReplicaEvent] = []
+        # Span fields (11 values) and event fields (6), in the order they happened.
+        self._batch: list[SpanFields | _EventFields] = []
         self.spans_emitted = 0
 
     def request_finished(self, record: FinishedRequest) -> None:
@@ -138,7 +153,7 @@ class _ForwardedSpans:
             self.send()
 
     def replica_event(self, event: ReplicaEvent) -> None:
-        self._batch.append(event)
+        self._batch.append(_event_fields(event))
 
     def send(self) -> None:
         if self._batch:
@@ -280,8 +295,8 @@ def _serve(stream: IO[bytes]) -> None:
             files.vllm_page(path, model_name, values)
         elif kind == _RECORDS:
             for record in pickle.loads(data):  # noqa: S301 (our own parent process, via a pipe)
-                if isinstance(record, ReplicaEvent):
-                    spans.replica_event(record)
+                if len(record) == _EVENT_FIELD_COUNT:
+                    spans.replica_event(_event(record))
                 else:
                     spans.request_fields(record)
         else:

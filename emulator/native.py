@@ -32,7 +32,15 @@ from typing import TextIO
 
 PACKAGE = "emulator"
 PACKAGE_DIR = Path(__file__).resolve().parent
-NATIVE_MODULES = ("engine", "workload", "fleet", "vllm_metrics", "dcgm_metrics", "otlp_jsonl")
+NATIVE_MODULES = (
+    "records",
+    "engine",
+    "workload",
+    "fleet",
+    "vllm_metrics",
+    "dcgm_metrics",
+    "otlp_jsonl",
+)
 """The modules compiled, by measured benefit in fixture mode (docs/emulator.md)."""
 DISABLE_ENV = "SERVEWATCH_NATIVE"  # "0": pure Python even when a build exists
 DIR_ENV = "SERVEWATCH_NATIVE_DIR"  # where builds live instead of <sys.prefix>/servewatch-native
