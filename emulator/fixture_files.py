@@ -232,11 +232,11 @@ class FixtureFiles:
         tail = "\n".join(stderr.decode(errors="replace").strip().splitlines()[-5:])
         return FixtureFilesError(f"the fixture file writer exited with {code}: {tail}")
 
-    def page(self, path: Path, data: bytes) -> None:
+    def page(self, path: Path | bytes, data: bytes) -> None:
         self.spans.send()  # keeps the records waiting in memory to one scrape's worth
         self.send(_PAGE, os.fsencode(path), data)
 
-    def vllm_page(self, path: Path, model_name: str, values: list[float]) -> None:
+    def vllm_page(self, path: Path | bytes, model_name: str, values: list[float]) -> None:
         """A vLLM page from `VllmMetricsObserver.page_values`, rendered by the helper."""
         self.spans.send()
         self.send(_VLLM_PAGE, os.fsencode(path), pickle.dumps((model_name, values), protocol=5))

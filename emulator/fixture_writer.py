@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -207,6 +208,11 @@ class FixtureWriter:
         folder.mkdir(parents=True, exist_ok=True)
         for target in self.targets:
             (folder / target.pages_dir).mkdir(parents=True, exist_ok=True)
+        # Each target's page folder as bytes ending in a separator: a page's path is this plus
+        # its file name (a hundred thousand paths a day, each a Path otherwise).
+        self._page_dirs = [
+            os.fsencode(folder / target.pages_dir) + os.fsencode(os.sep) for target in self.targets
+        ]
         sink = FixtureFiles if background else InlineFixtureFiles
         self._files = sink(
             folder / SPANS_NAME,
@@ -246,10 +252,10 @@ class FixtureWriter:
         snapshot = list(states)
         self.vllm.set_states(snapshot)
         self.dcgm.sample(at_s, snapshot)
-        stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}"
+        stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}".encode()
         written = 0
-        for target in self.targets:
-            path = self.folder / target.pages_dir / stamp
+        for target, page_dir in zip(self.targets, self._page_dirs, strict=True):
+            path = page_dir + stamp
             if target.kind is TargetKind.VLLM:
                 # Rendered where it is written: the values are a tenth of the text.
                 values = self.vllm.page_values(target.name)
