@@ -1,0 +1,102 @@
+"""The requests write path: deduplication on (trace_id, span_id) without a key index, and
+migration 8, which drops that index from existing stores."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from pipeline.store import LATEST_VERSION, MIGRATIONS, Store
+from pipeline.tables import REQUESTS_SCHEMA
+
+T0 = datetime(2026, 11, 18, 10, 0, 0)
+
+
+def spans(n: int, *, seed: int = 3) -> pl.DataFrame:
+    """Request rows ending over ten minutes, in completion order, with random ids."""
+    rng = random.Random(seed)
+    ends = sorted(T0 + timedelta(microseconds=rng.randrange(600_000_000)) for _ in range(n))
+    given = {
+        "trace_id": [f"{rng.getrandbits(128):032x}" for _ in range(n)],
+        "span_id": [f"{rng.getrandbits(64):016x}" for _ in range(n)],
+        "request_id": [f"req-{i}" for i in range(n)],
+        "arrival_ts": [end - timedelta(seconds=2) for end in ends],
+        "end_ts": ends,
+        "ok": [True] * n,
+        "e2e_s": [2.0] * n,
+        "emulated": [False] * n,
+        "source": ["test"] * n,
+    }
+    return pl.DataFrame(
+        {name: given.get(name, [None] * n) for name in REQUESTS_SCHEMA.names()},
+        schema=REQUESTS_SCHEMA,
+    )
+
+
+def stored(store: Store) -> pl.DataFrame:
+    return store._read("SELECT * FROM requests ORDER BY trace_id, span_id").collect()
+
+
+def test_repeats_within_one_frame_are_stored_once_and_the_first_is_kept() -> None:
+    rows = spans(4)
+    again = rows.slice(1, 1).with_columns(request_id=pl.lit("req-repeat"))
+    with Store.open(":memory:") as store:
+        assert store.write_requests(pl.concat([rows, again, rows.slice(3, 1)])) == 4
+        assert stored(store)["request_id"].sort().to_list() == [f"req-{i}" for i in range(4)]
+
+
+def test_replaying_spans_in_other_batches_leaves_the_same_table() -> None:
+    rows = spans(300)
+    clock = lambda: datetime(2026, 11, 18, 11, 0, 0)  # noqa: E731 (the stores' fixed clock)
+    with Store.open(":memory:", clock=clock) as once, Store.open(":memory:", clock=clock) as twice:
+        for start in range(0, rows.height, 40):
+            once.write_requests(rows.slice(start, 40))
+            twice.write_requests(rows.slice(start, 40))
+        # A replay in shuffled batches of other sizes, each spanning other end times, some
+        # mixing new rows with stored ones.
+        replay = pl.concat([rows.sample(fraction=1.0, shuffle=True, seed=5), spans(10, seed=8)])
+        new = sum(twice.write_requests(replay.slice(start, 23)) for start in range(0, 310, 23))
+        assert new == 10
+        once.write_requests(spans(10, seed=8))
+        assert stored(twice).equals(stored(once))
+        assert twice.count("requests") == 310
+
+
+def _store_at_version_7(path: Path) -> None:
+    con = duckdb.connect(str(path))
+    con.execute(
+        "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, description VARCHAR NOT NULL,"
+        " applied_ts TIMESTAMP NOT NULL)"
+    )
+    for migration in MIGRATIONS[:7]:
+        for statement in migration.statements:
+            con.execute(statement)
+        con.execute(
+            "INSERT INTO schema_version VALUES (?, ?, ?)",
+            [migration.version, migration.description, T0],
+        )
+    con.close()
+
+
+def test_migration_8_keeps_the_rows_in_order_and_drops_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "v7.duckdb"
+    _store_at_version_7(path)
+    rows = spans(50).with_columns(ingested_ts=pl.lit(T0, dtype=pl.Datetime("us")))
+    con = duckdb.connect(str(path))
+    con.register("incoming", rows.to_arrow())
+    con.execute("INSERT INTO requests SELECT * FROM incoming")
+    key = "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'requests' AND "
+    assert con.execute(key + "constraint_type = 'PRIMARY KEY'").fetchall() == [(1,)]
+    con.close()
+    with Store.open(path) as store:
+        assert store.schema_version == LATEST_VERSION >= 8
+        assert store.table_schema("requests") == REQUESTS_SCHEMA
+        as_stored = store._read("SELECT * FROM requests").collect()
+        assert as_stored.equals(rows)
+        assert store._scalar(key + "constraint_type = 'PRIMARY KEY'") == 0
+        assert store.write_requests(rows.slice(10, 20)) == 0
+        assert store.count("requests") == 50
