@@ -746,15 +746,16 @@ class Store:
         # the batch's completion times. Those are the only rows compared: requests are stored
         # roughly in completion order, so DuckDB skips every other row group by its min/max
         # and the check costs what the batch overlaps, not what the table holds.
+        ranges = end_time_ranges(frame["end_ts"])
+        within = " OR ".join(["(r.end_ts >= ? AND r.end_ts <= ?)"] * len(ranges))
         select = (
             f"INSERT INTO requests ({columns}) SELECT {columns} FROM incoming_requests i "
-            "WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE r.end_ts >= ? AND r.end_ts <= ? "
+            f"WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE ({within}) "
             "AND r.trace_id = i.trace_id AND r.span_id = i.span_id)"
         )
-        ends = frame["end_ts"]
         self._con.register("incoming_requests", stamped)
         try:
-            inserted = self._con.execute(select, [ends.min(), ends.max()]).fetchall()
+            inserted = self._con.execute(select, [t for r in ranges for t in r]).fetchall()
         finally:
             self._con.unregister("incoming_requests")
         # An INSERT answers with the number of rows it stored.
@@ -1506,6 +1507,23 @@ class Store:
         finally:
             self._con.unregister("incoming")
         return self.count(table) - before
+
+
+# Ranges of end times a requests batch is checked against at most.
+MAX_END_TIME_RANGES = 8
+
+
+def end_time_ranges(end_ts: pl.Series) -> list[tuple[datetime, datetime]]:
+    """A batch's end times as at most `MAX_END_TIME_RANGES` inclusive ranges, split at the widest
+    gaps between them: a few late spans (or a client whose clock is off) then add their own row
+    groups to the deduplication check, not all the hours between them and the rest."""
+    ends = end_ts.unique().sort()
+    cuts = ends.diff().arg_sort(descending=True, nulls_last=True).head(MAX_END_TIME_RANGES - 1)
+    starts = [0, *sorted(int(c) for c in cuts if c > 0)]
+    return [
+        (ends[start], ends[stop - 1])
+        for start, stop in zip(starts, [*starts[1:], ends.len()], strict=True)
+    ]
 
 
 def _check_schema(what: str, frame: pl.DataFrame, schema: pl.Schema) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from pipeline.store import LATEST_VERSION, MIGRATIONS, Store
+from pipeline.store import LATEST_VERSION, MAX_END_TIME_RANGES, MIGRATIONS, Store, end_time_ranges
 from pipeline.tables import REQUESTS_SCHEMA
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
@@ -64,6 +64,18 @@ def test_replaying_spans_in_other_batches_leaves_the_same_table() -> None:
         once.write_requests(spans(10, seed=8))
         assert stored(twice).equals(stored(once))
         assert twice.count("requests") == 310
+
+
+def test_end_time_ranges_cover_the_batch_and_leave_out_the_widest_gaps() -> None:
+    ends = spans(200)["end_ts"]  # ten minutes from T0
+    stragglers = [T0 - timedelta(hours=5), T0 + timedelta(hours=3), T0 + timedelta(hours=3)]
+    batch = pl.concat([ends, pl.Series(stragglers, dtype=pl.Datetime("us"))]).shuffle(seed=2)
+    ranges = end_time_ranges(batch)
+    assert 3 <= len(ranges) <= MAX_END_TIME_RANGES
+    assert all(any(lo <= end <= hi for lo, hi in ranges) for end in batch)
+    between = [T0 - timedelta(hours=4), T0 + timedelta(hours=1), T0 + timedelta(hours=2)]
+    assert not any(lo <= t <= hi for lo, hi in ranges for t in between)
+    assert end_time_ranges(batch.head(1)) == [(batch[0], batch[0])]
 
 
 def _store_at_version_7(path: Path) -> None:
