@@ -3,10 +3,10 @@
 DuckDB allows one writing process and a connection must not be used by two threads at once, so
 the OTLP receiver, the scraper and the jobs submit writes here instead of touching the store.
 A failed write is counted and reported through `on_error`, never lost silently, and does not
-stop the writer. Trace batches are written together: a DuckDB insert into the keyed `requests`
-table costs about ten milliseconds before its first row (a few microseconds per row after), so
-the writer takes the trace batches queued behind the first and keeps collecting for up to
-`linger_s` (0.2 s) or 50,000 rows. A busy receiver so writes a few large inserts a second
+stop the writer. Trace batches are written together: a DuckDB insert into the deduplicated
+`requests` table costs about ten milliseconds before its first row (a few microseconds per row
+after), so the writer takes the trace batches queued behind the first and keeps collecting for
+up to `linger_s` (0.2 s) or 50,000 rows. A busy receiver so writes a few large inserts a second
 instead of one small insert per export; rows reach the store at most `linger_s` later, and
 `flush()` and `close()` end the wait at once.
 """
