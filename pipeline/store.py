@@ -408,10 +408,10 @@ MIGRATIONS += (
 )
 
 # Migration 8 drops the primary key of `requests`: DuckDB keeps such a key in an index over
-# every row, which each insert updates and each checkpoint writes out, so an insert cost more the
-# larger the table; storing a million spans took three times the CPU of the unkeyed table, and
-# the index took twice the table's own space. `Store.write_requests` deduplicates instead.
-# DuckDB cannot drop a key in place: the rows are copied, in their stored order.
+# every row, which each insert updates and each checkpoint writes out; storing a million spans
+# took three times the CPU of an unkeyed table, and the index twice the table's own space.
+# `Store.write_requests` deduplicates instead. DuckDB cannot drop a key in place: the rows are
+# copied, in their stored order.
 MIGRATIONS += (
     Migration(
         version=8,
@@ -738,24 +738,38 @@ class Store:
         # that check hashes one column instead of two.
         if frame["span_id"].n_unique() < frame.height:
             frame = frame.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
-        stamped = frame.with_columns(
-            pl.col("ingested_ts").fill_null(pl.lit(self._clock(), dtype=pl.Datetime("us")))
-        ).to_arrow()
-        columns = _column_list(REQUESTS_SCHEMA)
         # A stored copy of a span ends when the span ends, so it lies among the stored rows of
         # the batch's completion times. Those are the only rows compared: requests are stored
         # roughly in completion order, so DuckDB skips every other row group by its min/max
         # and the check costs what the batch overlaps, not what the table holds.
         ranges = end_time_ranges(frame["end_ts"])
         within = " OR ".join(["(r.end_ts >= ? AND r.end_ts <= ?)"] * len(ranges))
-        select = (
-            f"INSERT INTO requests ({columns}) SELECT {columns} FROM incoming_requests i "
-            f"WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE ({within}) "
-            "AND r.trace_id = i.trace_id AND r.span_id = i.span_id)"
-        )
+        keys = frame.select("trace_id", "span_id")
+        self._con.register("incoming_keys", keys.to_arrow())
+        try:
+            stored: pl.DataFrame = self._con.sql(
+                "SELECT trace_id, span_id FROM incoming_keys i WHERE EXISTS (SELECT 1 FROM "
+                f"requests r WHERE ({within}) AND r.trace_id = i.trace_id "
+                "AND r.span_id = i.span_id)",
+                params=[t for r in ranges for t in r],
+            ).pl()
+        finally:
+            self._con.unregister("incoming_keys")
+        if stored.height:
+            # A filter, not a join: the rows keep their order, which is the order stored.
+            key = pl.struct("trace_id", "span_id")
+            frame = frame.filter(~key.is_in(stored.select(key).to_series().implode()))
+            if frame.height == 0:
+                return 0
+        stamped = frame.with_columns(
+            pl.col("ingested_ts").fill_null(pl.lit(self._clock(), dtype=pl.Datetime("us")))
+        ).to_arrow()
+        columns = _column_list(REQUESTS_SCHEMA)
         self._con.register("incoming_requests", stamped)
         try:
-            inserted = self._con.execute(select, [t for r in ranges for t in r]).fetchall()
+            inserted = self._con.execute(
+                f"INSERT INTO requests ({columns}) SELECT {columns} FROM incoming_requests"
+            ).fetchall()
         finally:
             self._con.unregister("incoming_requests")
         # An INSERT answers with the number of rows it stored.
