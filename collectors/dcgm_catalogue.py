@@ -25,17 +25,16 @@ from enum import StrEnum
 
 import polars as pl
 
-from pipeline.signals import (
+from collectors.catalogue import (
     Catalogue,
     CataloguedSample,
     CatalogueEntry,
     ExposedSample,
-    Signal,
-    Source,
     SourceRule,
     catalogue_frame,
     catalogue_page,
 )
+from pipeline.signals import Signal, Source
 
 
 class FieldType(StrEnum):
@@ -218,5 +217,5 @@ def catalogue_dcgm(samples: Iterable[ExposedSample]) -> list[CataloguedSample]:
 
 
 def catalogue_dcgm_frame(samples: pl.LazyFrame, *, page_by: Sequence[str] = ()) -> pl.LazyFrame:
-    """Many dcgm-exporter pages catalogued at once (see `pipeline.signals.catalogue_frame`)."""
+    """Many dcgm-exporter pages catalogued at once (see `collectors.catalogue.catalogue_frame`)."""
     return catalogue_frame(samples, catalogue=DCGM_CATALOGUE, page_by=page_by)

@@ -25,7 +25,8 @@ from enum import StrEnum
 
 import polars as pl
 
-from pipeline.signals import SIGNALS, Aggregation, Disposition, Signal, signal_table
+from collectors.catalogue import Disposition
+from pipeline.signals import SIGNALS, Aggregation, Signal, signal_table
 
 HOSTNAME_LABEL = "hostname"
 UUID_LABEL = "UUID"

@@ -17,19 +17,19 @@ from datetime import datetime
 
 import polars as pl
 
-from collectors.dcgm_catalogue import DCGM_CATALOGUE
-from collectors.exposition import LineError, ParsedPage, SeriesCache
-from collectors.exposition_batch import parse_expositions
-from collectors.targets import Target, TargetKind, targets_frame
-from collectors.trace_ingest import Reject, rejects_frame
-from collectors.vllm_catalogue import VLLM_CATALOGUE
-from pipeline.signals import (
+from collectors.catalogue import (
     Catalogue,
     CatalogueEntry,
     Disposition,
     catalogue_frame,
     entry_value,
 )
+from collectors.dcgm_catalogue import DCGM_CATALOGUE
+from collectors.exposition import LineError, ParsedPage, SeriesCache
+from collectors.exposition_batch import parse_expositions
+from collectors.targets import Target, TargetKind, targets_frame
+from collectors.trace_ingest import Reject, rejects_frame
+from collectors.vllm_catalogue import VLLM_CATALOGUE
 from pipeline.store import Store
 from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 

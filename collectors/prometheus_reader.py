@@ -38,6 +38,7 @@ from enum import Enum
 
 import polars as pl
 
+from collectors.catalogue import CREATED_SUFFIX, Disposition, labels_json
 from collectors.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
 from collectors.prometheus_api import (
     MAX_POINTS_PER_SERIES,
@@ -49,7 +50,6 @@ from collectors.prometheus_api import (
 from collectors.targets import Target, TargetKind, targets_frame
 from collectors.trace_ingest import Reject, rejects_frame
 from collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
-from pipeline.signals import CREATED_SUFFIX, Disposition, labels_json
 from pipeline.store import Store
 from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 

@@ -23,19 +23,16 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.signals import (
-    SIGNALS,
+from collectors.catalogue import (
     Catalogue,
     CataloguedSample,
     CatalogueEntry,
     ExposedSample,
-    MetricType,
-    Signal,
-    Source,
     SourceRule,
     catalogue_frame,
     catalogue_page,
 )
+from pipeline.signals import SIGNALS, MetricType, Signal, Source
 
 CANONICAL_PREFIX = "vllm:"
 PREFIXES: tuple[str, ...] = ("vllm:", "vllm_")
@@ -126,5 +123,5 @@ def catalogue_vllm(samples: Iterable[ExposedSample]) -> list[CataloguedSample]:
 
 
 def catalogue_vllm_frame(samples: pl.LazyFrame, *, page_by: Sequence[str] = ()) -> pl.LazyFrame:
-    """Many vLLM pages catalogued at once (see `pipeline.signals.catalogue_frame`)."""
+    """Many vLLM pages catalogued at once (see `collectors.catalogue.catalogue_frame`)."""
     return catalogue_frame(samples, catalogue=VLLM_CATALOGUE, page_by=page_by)

@@ -14,6 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from collectors.catalogue import (
+    Catalogue,
+    CataloguedSample,
+    CatalogueEntry,
+    CatalogueError,
+    Disposition,
+    RawSample,
+    SourceRule,
+    disposition_counts,
+    kept,
+    kept_rows,
+    labels_json,
+    tally,
+    unknown_family_counts,
+)
 from collectors.dcgm_catalogue import (
     DCGM_CATALOGUE,
     DCGM_FIELDS,
@@ -37,24 +52,7 @@ from collectors.vllm_catalogue import (
     catalogue_vllm,
     catalogue_vllm_frame,
 )
-from pipeline.signals import (
-    SIGNALS,
-    Catalogue,
-    CataloguedSample,
-    CatalogueEntry,
-    CatalogueError,
-    Disposition,
-    RawSample,
-    Signal,
-    Source,
-    SourceRule,
-    disposition_counts,
-    kept,
-    kept_rows,
-    labels_json,
-    tally,
-    unknown_family_counts,
-)
+from pipeline.signals import SIGNALS, Signal, Source
 from tests.conftest import REPO_ROOT
 
 SAMPLES = Path(os.environ.get("SERVEWATCH_SAMPLES", REPO_ROOT / "fixtures" / "samples"))
