@@ -30,11 +30,10 @@ from typing import Any
 
 from bench.report import Comparison
 from emulator import native
-from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fixture_writer import record_fleet
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, TopologySpec
 from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
-from emulator.vllm_metrics import EngineSettings
 from emulator.workload import ArrivalKind, ArrivalSpec, SyntheticWorkload
 
 START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z: a whole UTC day, peak at 15:00
@@ -112,16 +111,14 @@ def record(config: FleetConfig, virtual_s: float) -> Recorded:
             _cpu_s(resource.RUSAGE_CHILDREN),
         )
         started = time.perf_counter()
-        writer = FixtureWriter(
+        manifest = record_fleet(
+            config,
             parent / "fixture",
-            config.placements(),
             start_s=START_S,
+            end_s=START_S + virtual_s,
             scrape_interval_s=SCRAPE_INTERVAL_S,
-            engine=EngineSettings.from_engine(config.engine),
             seed=SEED,
         )
-        simulation = FleetSimulation(config, observer=writer, seed=SEED, start_s=START_S)
-        manifest = record_fixture(simulation, writer, end_s=START_S + virtual_s)
         wall_s = time.perf_counter() - started
         size = sum(p.stat().st_size for p in parent.rglob("*") if p.is_file())
         self_after, children_after = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)

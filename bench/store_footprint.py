@@ -42,10 +42,8 @@ from bench.report import Comparison
 from collectors.fixture_folder import iter_fixture_pages, open_fixture
 from collectors.metric_ingest import ingest_pages
 from collectors.replay import PAGES_PER_BATCH
-from emulator.fixture_writer import FixtureWriter, record_fixture
-from emulator.fleet import FleetSimulation
+from emulator.fixture_writer import record_fleet
 from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.vllm_metrics import EngineSettings
 from emulator.workload import ArrivalKind, ArrivalSpec
 from pipeline.store import Store
 
@@ -78,17 +76,14 @@ def fixture(hours: float) -> Path:
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     config = fleet_config()
-    writer = FixtureWriter(
+    record_fleet(
+        config,
         partial,
-        config.placements(),
         start_s=START_S,
+        end_s=START_S + hours * 3600,
         scrape_interval_s=SCRAPE_INTERVAL_S,
-        engine=EngineSettings.from_engine(config.engine),
         seed=SEED,
-    )
-    simulation = FleetSimulation(config, observer=writer, seed=SEED, start_s=START_S)
-    record_fixture(
-        simulation, writer, end_s=START_S + hours * 3600, description="bench store_footprint"
+        description="bench store_footprint",
     )
     partial.rename(folder)
     return folder

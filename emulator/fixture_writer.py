@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 from emulator.dcgm_metrics import DcgmObserver, GpuSpec
 from emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig
 from emulator.records import (
     EngineSteps,
     FinishedRequest,
@@ -362,6 +364,39 @@ def record_fixture(
         writer.scrape(t_s, state_list(simulation.states()))
     return writer.close(
         end_s=end_s, ground_truth=ground_truth, description=description, generator=generator
+    )
+
+
+def record_fleet(
+    config: FleetConfig,
+    folder: Path,
+    *,
+    start_s: float,
+    end_s: float,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+    seed: int = 0,
+    ground_truth: Mapping[str, Any] | None = None,
+    description: str = "",
+    generator: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Simulate `config` from `start_s` to `end_s` in virtual time into a new fixture folder
+    (its engine settings on every page); returns the manifest."""
+    writer = FixtureWriter(
+        folder,
+        config.placements(),
+        start_s=start_s,
+        scrape_interval_s=scrape_interval_s,
+        engine=EngineSettings.from_engine(config.engine),
+        seed=seed,
+    )
+    simulation = FleetSimulation(config, observer=writer, seed=seed, start_s=start_s)
+    return record_fixture(
+        simulation,
+        writer,
+        end_s=end_s,
+        ground_truth=ground_truth,
+        description=description,
+        generator=generator,
     )
 
 

@@ -30,7 +30,7 @@ from capacity.requirement import parse_requirement
 from collectors.replay import replay_fixture
 from dashboards.export import write_report
 from emulator.failures import FailureKind, FailureSpec
-from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fixture_writer import record_fleet
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, TopologySpec
 from emulator.ground_truth import capacity_for_config
@@ -173,19 +173,13 @@ def run_demo(
     progress("measuring the emulated replica's ground-truth capacity at the SLO")
     truth = capacity_for_config(config, seed=7, requests=1500)
     progress(f"recording {hours:g} h of 12 emulated replicas to {fixture}")
-    writer = FixtureWriter(
+    manifest = record_fleet(
+        config,
         fixture,
-        config.placements(),
         start_s=DAY_START_S,
-        scrape_interval_s=SCRAPE_INTERVAL_S,
-        engine=EngineSettings.from_engine(config.engine),
-        seed=1,
-    )
-    simulation = FleetSimulation(config, observer=writer, seed=1, start_s=DAY_START_S)
-    manifest = record_fixture(
-        simulation,
-        writer,
         end_s=DAY_START_S + hours * 3600,
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        seed=1,
         ground_truth={
             "capacity_rps_per_replica": truth.capacity_rps,
             "slo": "TTFT 0.5 s, TPOT 0.05 s, 90%",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulator.fixture_writer import FixtureWriter, record_fixture
+from emulator.fixture_writer import record_fleet
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig
 from emulator.ground_truth import capacity_for_config
@@ -28,19 +28,13 @@ def record_emulated_fleet(
 ) -> dict[str, Any]:
     """Simulate `hours` in virtual time and write the fixture folder; returns its manifest."""
     truth = capacity_for_config(fleet, seed=seed)
-    writer = FixtureWriter(
+    return record_fleet(
+        fleet,
         folder,
-        fleet.placements(),
         start_s=start_s,
-        scrape_interval_s=scrape_interval_s,
-        engine=EngineSettings.from_engine(fleet.engine),
-        seed=seed,
-    )
-    simulation = FleetSimulation(fleet, observer=writer, seed=seed, start_s=start_s)
-    return record_fixture(
-        simulation,
-        writer,
         end_s=start_s + hours * 3600,
+        scrape_interval_s=scrape_interval_s,
+        seed=seed,
         ground_truth={
             "capacity_rps_per_replica": truth.capacity_rps,
             "attainment_ratio": truth.attainment_ratio,

@@ -14,10 +14,8 @@ from pathlib import Path
 from collectors.replay import replay_fixture
 from emulator.engine import EngineParams
 from emulator.failures import FailureSpec
-from emulator.fixture_writer import FixtureWriter, record_fixture
-from emulator.fleet import FleetSimulation
+from emulator.fixture_writer import record_fleet
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.vllm_metrics import EngineSettings
 from emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
@@ -87,16 +85,14 @@ def fleet_config(
 
 def record(config: FleetConfig, folder: Path, *, minutes: float, seed: int = 7) -> Path:
     """Record `minutes` of the fleet into `folder` (a new fixture folder)."""
-    writer = FixtureWriter(
+    record_fleet(
+        config,
         folder,
-        config.placements(),
         start_s=START_S,
+        end_s=START_S + minutes * 60,
         scrape_interval_s=SCRAPE_INTERVAL_S,
-        engine=EngineSettings.from_engine(config.engine),
         seed=seed,
     )
-    simulation = FleetSimulation(config, observer=writer, seed=seed, start_s=START_S)
-    record_fixture(simulation, writer, end_s=START_S + minutes * 60)
     return folder
 
 
