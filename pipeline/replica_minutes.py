@@ -42,6 +42,11 @@ def replica_pools(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+def _replica_series(dimensions: pl.LazyFrame, signal: Signal) -> pl.LazyFrame:
+    """The series of `signal` attributed to a replica."""
+    return dimensions.filter((pl.col("signal") == signal.value) & pl.col("replica").is_not_null())
+
+
 def gauge_minutes(
     points: pl.LazyFrame,
     dimensions: pl.LazyFrame,
@@ -52,9 +57,7 @@ def gauge_minutes(
     end: datetime,
 ) -> pl.LazyFrame:
     """Columns replica, minute_ts, `<name>_mean`, `<name>_max`: a gauge's samples per minute."""
-    chosen = dimensions.filter(
-        (pl.col("signal") == signal.value) & pl.col("replica").is_not_null()
-    ).select("series_id", "replica")
+    chosen = _replica_series(dimensions, signal).select("series_id", "replica")
     return (
         points.join(chosen, on="series_id", how="inner")
         .with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
@@ -80,7 +83,7 @@ def counter_increase_minutes(
 ) -> pl.LazyFrame:
     """Columns replica, `by_labels`, minute_ts, `name`: reset-corrected counter increments
     per minute. For a histogram signal give `metric_suffix` (`_count` or `_sum`)."""
-    chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("replica").is_not_null())
+    chosen = _replica_series(dimensions, signal)
     if metric_suffix is None:
         chosen = chosen.filter(pl.col("le").is_null())
     else:
@@ -102,11 +105,11 @@ def quantile_minutes(
     """Columns replica, minute_ts, `name`: the q-quantile of a latency histogram over each
     replica's observations of that minute (PromQL's histogram_quantile over the minute's
     bucket increments); minutes without observations are left out."""
-    buckets = dimensions.filter(
-        (pl.col("signal") == signal.value)
-        & pl.col("le").is_not_null()
-        & pl.col("replica").is_not_null()
-    ).select("series_id", "replica", "le")
+    buckets = (
+        _replica_series(dimensions, signal)
+        .filter(pl.col("le").is_not_null())
+        .select("series_id", "replica", "le")
+    )
     summed = counter_minutes(points, buckets, by=["replica", "le"], name="delta")
     return (
         histogram_quantile_frame(summed, q=q, by=["replica", "minute_ts"], count_column="delta")
