@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.protobuf_wire import field, varint
+
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
@@ -38,43 +40,26 @@ class Series:
 # -- remote write encoding -------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def encode_write_request(series: Sequence[Series]) -> bytes:
     """prometheus.WriteRequest{timeseries: [TimeSeries{labels, samples}]} as protobuf."""
     out = bytearray()
     for one in series:
         body = bytearray()
         for name in sorted(one.labels):
-            label = _field(1, name.encode()) + _field(2, one.labels[name].encode())
-            body += _field(1, label)
+            label = field(1, name.encode()) + field(2, one.labels[name].encode())
+            body += field(1, label)
         for ts_ms, value in one.samples:
             if ts_ms < 0:
                 raise ValueError(f"timestamp {ts_ms} ms: the oracle pushes non-negative ones")
-            sample = b"\x09" + struct.pack("<d", value) + b"\x10" + _varint(ts_ms)
-            body += _field(2, sample)
-        out += _field(1, bytes(body))
+            sample = b"\x09" + struct.pack("<d", value) + b"\x10" + varint(ts_ms)
+            body += field(2, sample)
+        out += field(1, bytes(body))
     return bytes(out)
 
 
 def snappy_block(data: bytes) -> bytes:
     """Snappy block format made of literals only: valid input for any snappy decoder."""
-    out = bytearray(_varint(len(data)))
+    out = bytearray(varint(len(data)))
     chunk = 1 << 16
     for start in range(0, len(data), chunk):
         piece = data[start : start + chunk]

@@ -14,27 +14,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from collectors.otlp_protobuf import decode_trace_request_bytes, map_request_spans
 from collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from tests.protobuf_wire import field, varint
 
 T0_NS = 1_795_000_000 * 10**9
 LONG_KEY = "tenant." + "x" * 150
-
-
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field."""
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def double(value: float) -> bytes:
