@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -92,3 +93,17 @@ def endpoint() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def stored_tables(db: Path | str) -> dict[str, pl.DataFrame]:
+    """Every ingested table of the store at `db` (requests without their ingest time), for
+    comparing a store before and after a second ingest of the same input."""
+    with Store.open(db) as store:
+        return {
+            "targets": store.read_targets().collect(),
+            "scrapes": store.read_scrapes().collect(),
+            "series": store.read_series().collect(),
+            "points": store.read_points().collect(),
+            "requests": store.read_requests().collect().drop("ingested_ts"),
+            "unknown_families": store.read_unknown_families().collect(),
+        }

@@ -6,25 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import polars as pl
 from typer.testing import CliRunner
 
-from pipeline.store import Store
 from servewatch.cli import app
-
-TABLES = ("targets", "scrapes", "series", "points", "requests", "unknown_families")
-
-
-def snapshot(db: str) -> dict[str, pl.DataFrame]:
-    with Store.open(db) as store:
-        return {
-            "targets": store.read_targets().collect(),
-            "scrapes": store.read_scrapes().collect(),
-            "series": store.read_series().collect(),
-            "points": store.read_points().collect(),
-            "requests": store.read_requests().collect().drop("ingested_ts"),
-            "unknown_families": store.read_unknown_families().collect(),
-        }
+from tests.conftest import stored_tables
 
 
 def test_record_then_replay_twice_leaves_identical_tables(
@@ -41,14 +26,14 @@ def test_record_then_replay_twice_leaves_identical_tables(
     first = runner.invoke(app, ["--db", db, "replay", str(folder), "--json"])
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["traces"]["new_requests"] == summary["requests"]
-    before = snapshot(db)
+    before = stored_tables(db)
     second = runner.invoke(app, ["--db", db, "replay", str(folder), "--json"])
     assert second.exit_code == 0, second.output
     report = json.loads(second.stdout)
     assert report["metrics"]["new_points"] == 0
     assert report["traces"]["new_requests"] == 0
-    after = snapshot(db)
-    for table in TABLES:
+    after = stored_tables(db)
+    for table in before:
         assert after[table].equals(before[table]), table
     assert before["points"].height > 0
 

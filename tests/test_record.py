@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -24,21 +23,7 @@ from pipeline.store import Store
 from servewatch.cli import app
 from servewatch.config import load_config
 from servewatch.scraping import resolve_targets
-from tests.conftest import free_port
-
-TABLES = ("targets", "scrapes", "series", "points", "requests", "unknown_families")
-
-
-def snapshot(db: Path) -> dict[str, pl.DataFrame]:
-    with Store.open(db) as store:
-        return {
-            "targets": store.read_targets().collect(),
-            "scrapes": store.read_scrapes().collect(),
-            "series": store.read_series().collect(),
-            "points": store.read_points().collect(),
-            "requests": store.read_requests().collect().drop("ingested_ts"),
-            "unknown_families": store.read_unknown_families().collect(),
-        }
+from tests.conftest import free_port, stored_tables
 
 
 @pytest.fixture
@@ -139,11 +124,11 @@ def test_record_a_live_fleet_then_replay_twice(
     assert report["emulated"] is False
     assert report["traces"]["new_requests"] == manifest["spans"]["count"]
     assert report["traces"]["rejects"] == []
-    before = snapshot(db)
+    before = stored_tables(db)
     second = runner.invoke(app, ["--db", str(db), "replay", str(out), "--json"])
     assert second.exit_code == 0, second.output
-    after = snapshot(db)
-    for table in TABLES:
+    after = stored_tables(db)
+    for table in before:
         assert after[table].equals(before[table]), table
     assert before["points"].height > 0
     assert set(before["requests"]["replica"]) <= {t["labels"]["replica"] for t in vllm}
