@@ -53,10 +53,3 @@ class EngineParams:
             )
         if not self.cold_start_s >= 0:
             raise SpecError("cold_start_s", f"must be >= 0, got {self.cold_start_s}")
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size_tokens
-
-    def decode_step_s(self, batch: int) -> float:
-        return self.step_base_s + self.step_per_seq_s * batch
