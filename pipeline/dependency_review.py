@@ -77,12 +77,22 @@ def single_zone_pools(targets: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+def failed_target_minutes(scrapes: pl.LazyFrame) -> pl.LazyFrame:
+    """Per target and minute with scrapes: `failed` when every scrape of that minute failed."""
+    return (
+        scrapes.with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
+        .group_by("target_id", "minute_ts")
+        .agg((~pl.col("ok")).all().alias("failed"))
+    )
+
+
 def domain_minutes(
-    scrapes: pl.LazyFrame, targets: pl.LazyFrame, *, domain: ScopeUnit
+    target_minutes: pl.LazyFrame, targets: pl.LazyFrame, *, domain: ScopeUnit
 ) -> pl.LazyFrame:
-    """Per failure domain (column `domain`: a host or a zone name) and minute with scrapes: how
-    many of its targets were scraped and how many failed every scrape; `domain_targets` is how
-    many targets it has in all and `domain_hosts` how many hosts they sit on."""
+    """Per failure domain (column `domain`: a host or a zone name) and minute with scrapes, from
+    `failed_target_minutes`: how many of its targets were scraped and how many failed every
+    scrape; `domain_targets` is how many targets it has in all and `domain_hosts` how many
+    hosts they sit on."""
     placed = targets.filter(~_blank(domain.value)).select(
         "target_id", pl.col(domain.value).alias("domain"), "host"
     )
@@ -90,14 +100,9 @@ def domain_minutes(
         pl.len().alias("domain_targets"),
         pl.col("host").drop_nulls().n_unique().alias("domain_hosts"),
     )
-    per_target = (
-        scrapes.join(placed, on="target_id", how="inner")
-        .with_columns(minute_ts=pl.col("ts").dt.truncate("1m"))
-        .group_by("domain", "target_id", "minute_ts")
-        .agg((~pl.col("ok")).all().alias("failed"))
-    )
     return (
-        per_target.group_by("domain", "minute_ts")
+        target_minutes.join(placed.drop("host"), on="target_id", how="inner")
+        .group_by("domain", "minute_ts")
         .agg(
             pl.len().alias("scraped_targets"),
             pl.col("failed").sum().alias("failed_targets"),
@@ -177,6 +182,17 @@ def host_runs_outside_zone_runs(
     return host_runs.join(inside, on=["domain", "start_ts"], how="anti").sort("domain", "start_ts")
 
 
+def _replicas_by(targets: pl.LazyFrame, unit: ScopeUnit) -> dict[str, list[str]]:
+    """The replicas on each host or in each zone, sorted."""
+    rows = (
+        targets.filter(pl.col("replica").is_not_null() & ~_blank(unit.value))
+        .group_by(unit.value)
+        .agg(pl.col("replica").unique().sort())
+        .collect()
+    )
+    return {row[unit.value]: row["replica"] for row in rows.iter_rows(named=True)}
+
+
 @dataclass(frozen=True)
 class DependencyReview:
     """The detector. `min_host_targets`: a host needs this many targets for its loss to be
@@ -250,34 +266,29 @@ class DependencyReview:
         ]
 
     def _losses(self, scrapes: pl.LazyFrame, targets: pl.LazyFrame) -> list[Finding]:
+        target_minutes = failed_target_minutes(scrapes).collect().lazy()
         host_runs = loss_runs(
-            domain_minutes(scrapes, targets, domain=ScopeUnit.HOST),
+            domain_minutes(target_minutes, targets, domain=ScopeUnit.HOST),
             min_targets=self.min_host_targets,
         )
         # A zone on one host is that host: its loss is reported at host scope.
         zone_runs = loss_runs(
-            domain_minutes(scrapes, targets, domain=ScopeUnit.ZONE),
+            domain_minutes(target_minutes, targets, domain=ScopeUnit.ZONE),
             min_targets=self.min_host_targets,
             min_hosts=2,
         ).collect()
         host_runs = host_runs_outside_zone_runs(host_runs, zone_runs.lazy(), targets)
-        findings = [
-            self._loss(ScopeUnit.ZONE, row, targets) for row in zone_runs.iter_rows(named=True)
-        ]
-        findings += [
-            self._loss(ScopeUnit.HOST, row, targets)
-            for row in host_runs.collect().iter_rows(named=True)
-        ]
+        findings = []
+        for unit, runs in ((ScopeUnit.ZONE, zone_runs), (ScopeUnit.HOST, host_runs.collect())):
+            replicas = _replicas_by(targets, unit)
+            findings += [
+                self._loss(unit, row, replicas.get(row["domain"], []))
+                for row in runs.iter_rows(named=True)
+            ]
         return findings
 
-    def _loss(self, unit: ScopeUnit, row: dict[str, Any], targets: pl.LazyFrame) -> Finding:
+    def _loss(self, unit: ScopeUnit, row: dict[str, Any], names: list[str]) -> Finding:
         name, targets_n, failed = row["domain"], row["targets"], row["failed_minutes"]
-        names = (
-            targets.filter(pl.col("replica").is_not_null() & (pl.col(unit.value) == name))
-            .select(pl.col("replica").unique().sort())
-            .collect()["replica"]
-            .to_list()
-        )
         # Each further target-minute failing in lockstep halves the odds of coincidence.
         confidence = min(0.99, 1.0 - 0.5 ** ((targets_n - 1) * failed))
         until = "ongoing" if row["end_ts"] is None else f"until {row['end_ts']:%H:%M}"
