@@ -6,8 +6,12 @@ form a page takes on its way to the store: parallel lists of metric name, canoni
 (sorted-key JSON, see `canonical_labels`), value and timestamp in milliseconds.
 
 A malformed line never costs the rest of the page: it becomes a `LineError` with its 1-based
-line number and every well-formed sample is still returned. `_created` samples are counted and
-left out, because they hold a creation time, not a measurement.
+line number and every well-formed sample is still returned. That holds for anything a line can
+hold: a number out of range (a value past a 64-bit float, a timestamp outside the years 1 to
+9999), a second sample for a series and time the page already gave, and bytes that are not
+UTF-8, which `page_text` keeps as lone surrogates so that they cost only the lines that hold
+them. `_created` samples are counted and left out, because they hold a creation time, not a
+measurement.
 
 Speed: a page is first read by a fast path that cuts lines with `str` methods only and checks
 names, label sets and values in bulk, parsing each distinct series key and label set once
@@ -20,10 +24,12 @@ both paths give the same result for any page the fast path accepts.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from enum import Enum
 
 import orjson
@@ -70,6 +76,14 @@ _TEXT_TIMESTAMP_RE = re.compile(r"-?[0-9]+")
 _OM_TIMESTAMP_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 VALUE_RULE = "a decimal or exponent number, NaN, +Inf or -Inf"
+# Sample times the store and every reader can represent: naive datetimes, years 1 to 9999.
+_EPOCH = datetime(1970, 1, 1)
+_MS = timedelta(milliseconds=1)
+MIN_TIMESTAMP_MS = (datetime.min - _EPOCH) // _MS
+MAX_TIMESTAMP_MS = (datetime.max - _EPOCH) // _MS
+TIMESTAMP_RULE = "a time in the years 1 to 9999"
+# Bytes that are not UTF-8, as `page_text` keeps them (surrogateescape): U+DC80 to U+DCFF.
+_UNDECODED_RE = re.compile("[\udc80-\udcff]")
 
 
 class ExpositionFormat(Enum):
@@ -211,8 +225,10 @@ class SeriesCache:
         "families",
         "malformed",
         "max_entries",
+        "respelled",
         "series_labels",
         "series_names",
+        "spellings",
     )
 
     def __init__(self, *, max_entries: int = 200_000) -> None:
@@ -223,6 +239,10 @@ class SeriesCache:
         self.series_names: dict[str, str] = {}
         self.malformed: set[str] = set()
         self.created: set[str] = set()  # the keys of `_created` samples
+        # Series (name and canonical labels) -> the first key spelling it; keys that spell a
+        # series another key spells too (label order, spacing), which one page could repeat.
+        self.spellings: dict[tuple[str, str], str] = {}
+        self.respelled: set[str] = set()
         self.blocks: dict[str, str | None] = {}  # label-set text -> canonical labels or None
         # All metadata lines of a page, joined, (prefixed by format) -> the families declared.
         self.families: dict[str, dict[str, Family]] = {}
@@ -232,8 +252,9 @@ class SeriesCache:
         if size + len(self.families) > self.max_entries:
             for table in (self.series_labels, self.series_names, self.blocks, self.families):
                 table.clear()
-            self.malformed.clear()
-            self.created.clear()
+            self.spellings.clear()
+            for keys in (self.malformed, self.created, self.respelled):
+                keys.clear()
 
 
 def canonical_labels(labels: Mapping[str, str]) -> str:
@@ -312,11 +333,50 @@ def _label_problem(block: str, pos: int) -> LabelSetError:
     return LabelSetError(f"expected ',' or '}}' after the value of label {label!r}", at)
 
 
+def page_text(content: bytes) -> str:
+    """A page's bytes as text: UTF-8, with any byte that is not UTF-8 kept as a lone surrogate
+    (surrogateescape), so the parser can refuse just the lines that hold one and the bytes
+    can be written back unchanged (`page_bytes`)."""
+    return content.decode("utf-8", "surrogateescape")
+
+
+def page_bytes(text: str) -> bytes:
+    """The bytes a page's text came from (`page_text`)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _check_decoded(line: str) -> None:
+    """Refuse a line that holds bytes that are not UTF-8 (`page_text`)."""
+    found = None if line.isascii() else _UNDECODED_RE.search(line)
+    if found is not None:
+        byte = ord(found.group()) - 0xDC00
+        raise ExpositionLineError(
+            f"byte 0x{byte:02x} at column {found.start() + 1} is not UTF-8 text"
+        )
+
+
+def _check_first(
+    seen: dict[tuple[str, str, int | None], int], sample: Sample, labels: str, line: int
+) -> None:
+    """Refuse a second sample for a series and time (`seen` maps them to their first line),
+    as Prometheus refuses duplicate samples; the first one is kept."""
+    first = seen.setdefault((sample.metric, labels, sample.timestamp_ms), line)
+    if first != line:
+        raise ExpositionLineError(
+            f"duplicate sample: line {first} already gave {sample.metric}{labels} a value "
+            "at this time; the first is kept"
+        )
+
+
 def parse_value(token: str) -> float:
     """A sample value: decimal or exponent notation, NaN, +Inf, -Inf (any case)."""
     if _VALUE_RE.fullmatch(token) is None:
         raise ExpositionLineError(f"value {token!r} is not a number: allowed is {VALUE_RULE}")
-    return float(token)
+    value = float(token)
+    if math.isinf(value) and "i" not in token.lower():
+        # As Prometheus refuses it: a finite number too large for a float is no measurement.
+        raise ExpositionLineError(f"value {token!r} is out of the range of a 64-bit float")
+    return value
 
 
 def parse_timestamp_ms(token: str, *, openmetrics: bool) -> int:
@@ -328,13 +388,21 @@ def parse_timestamp_ms(token: str, *, openmetrics: bool) -> int:
                 f"timestamp {token!r} is not a number of seconds (OpenMetrics timestamps are "
                 "decimal seconds such as 1700000000.123)"
             )
-        return round(float(token) * 1000)
-    if _TEXT_TIMESTAMP_RE.fullmatch(token) is None:
+        seconds = float(token)
+        timestamp_ms = round(seconds * 1000) if math.isfinite(seconds) else None
+    else:
+        if _TEXT_TIMESTAMP_RE.fullmatch(token) is None:
+            raise ExpositionLineError(
+                f"timestamp {token!r} is not an integer: text format timestamps are "
+                "milliseconds since the epoch"
+            )
+        # A digit string of any length is an int; only its range can be wrong.
+        timestamp_ms = int(token) if len(token) < 24 else None
+    if timestamp_ms is None or not MIN_TIMESTAMP_MS <= timestamp_ms <= MAX_TIMESTAMP_MS:
         raise ExpositionLineError(
-            f"timestamp {token!r} is not an integer: text format timestamps are "
-            "milliseconds since the epoch"
+            f"timestamp {token!r} is out of range: allowed is {TIMESTAMP_RULE}"
         )
-    return int(token)
+    return timestamp_ms
 
 
 def _split_exemplar(rest: str) -> str:
@@ -502,7 +570,8 @@ def parse_exposition(
     """
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
     cache = SeriesCache() if cache is None else cache
-    page = _fast_page(text, fmt, cache)
+    undecoded = not text.isascii() and _UNDECODED_RE.search(text) is not None
+    page = None if undecoded else _fast_page(text, fmt, cache)
     if page is None:
         page = _careful_page(text, fmt)
     cache.trim()
@@ -533,6 +602,10 @@ def _fast_page(text: str, fmt: ExpositionFormat, cache: SeriesCache) -> ParsedPa
     _learn_series(distinct.difference(cache.series_labels, cache.malformed), cache)
     if not distinct.isdisjoint(cache.malformed):
         return None
+    # A series given twice (or under two spellings of one label set) may be a duplicate
+    # sample; the careful path decides, by time, and names the line.
+    if len(distinct) < len(keys) or not distinct.isdisjoint(cache.respelled):
+        return None
     skipped = 0
     created = distinct & cache.created
     if created:
@@ -541,7 +614,8 @@ def _fast_page(text: str, fmt: ExpositionFormat, cache: SeriesCache) -> ParsedPa
         keys = list(itertools.compress(keys, keep))
         rests = list(itertools.compress(rests, keep))
     columns = _values(rests, openmetrics=openmetrics)
-    if columns is None:
+    # An infinite value may be a finite number out of range: the careful path tells which.
+    if columns is None or math.inf in columns[0] or -math.inf in columns[0]:
         return None
     return ParsedPage(
         format=fmt,
@@ -623,6 +697,11 @@ def _learn_series(keys: set[str], cache: SeriesCache) -> None:
         labels = list(itertools.compress(labels, good))
     cache.series_labels.update(zip(new, labels, strict=True))  # type: ignore[arg-type]
     cache.series_names.update(zip(new, names, strict=True))
+    spellings = cache.spellings
+    for key, series in zip(new, zip(names, labels, strict=True), strict=True):
+        first = spellings.setdefault(series, key)  # type: ignore[arg-type]
+        if first != key:
+            cache.respelled.update((first, key))
     created = {name for name in distinct_names if name.endswith(CREATED_SUFFIX)}
     if created:
         cache.created.update(key for key, name in zip(new, names, strict=True) if name in created)
@@ -688,6 +767,7 @@ def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:
     families = _Families()
     skipped = 0
     eof_line = 0
+    seen: dict[tuple[str, str, int | None], int] = {}  # series and time -> first line
     lines = text.split("\n")
     for number, line in enumerate(lines, start=1):
         stripped = line.strip()
@@ -702,6 +782,7 @@ def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:
             page.errors.append(LineError(number, message, line))
             break
         try:
+            _check_decoded(line)
             if stripped.startswith("#"):
                 declaration = parse_declaration(stripped, openmetrics=openmetrics)
                 if declaration is _EOF and openmetrics:
@@ -711,15 +792,16 @@ def _careful_page(text: str, fmt: ExpositionFormat) -> ParsedPage:
                 continue
             sample = parse_sample_line(line, openmetrics=openmetrics)
             labels = canonical_labels(sample.labels)
+            if sample.metric.endswith(CREATED_SUFFIX):
+                skipped += 1
+                continue
+            _check_first(seen, sample, labels, number)
         except ExpositionLineError as exc:
             page.errors.append(LineError(number, str(exc), line))
             continue
         except orjson.JSONEncodeError as exc:
             message = f"a label value is not valid Unicode text ({exc})"
             page.errors.append(LineError(number, message, line))
-            continue
-        if sample.metric.endswith(CREATED_SUFFIX):
-            skipped += 1
             continue
         page.metric.append(sample.metric)
         page.labels.append(labels)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from collectors.exposition import page_text
 from collectors.metric_ingest import Page
 from collectors.targets import Target, TargetKind
 
@@ -112,11 +113,11 @@ def iter_fixture_pages(fixture: Fixture) -> Iterator[Page]:
         for entry in fixture.targets:
             path = entry.pages_dir / f"{unix_ms}{PAGE_SUFFIX}"
             try:
-                body = gzip.decompress(path.read_bytes()).decode("utf-8")
+                body = page_text(gzip.decompress(path.read_bytes()))
             except FileNotFoundError:
                 yield Page(entry.target, scrape_ts, None, error="no page recorded: target down")
                 continue
-            except (OSError, EOFError, UnicodeDecodeError) as exc:
+            except (OSError, EOFError) as exc:
                 yield Page(entry.target, scrape_ts, None, error=f"unreadable page {path}: {exc}")
                 continue
             yield Page(entry.target, scrape_ts, body, openmetrics=False)

@@ -28,6 +28,7 @@ import orjson
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collectors.exposition import page_bytes
 from collectors.fixture_folder import FORMAT, PAGE_SUFFIX, SUPPORTED_VERSIONS, FixtureError
 from collectors.targets import Target
 
@@ -160,7 +161,7 @@ class FixtureRecording:
             self.failed_scrapes += 1
             return
         path = self.folder / self.page_dirs[target.target_id] / f"{round_ms}{PAGE_SUFFIX}"
-        data = gzip.compress(body.encode("utf-8"), compresslevel=self.compresslevel, mtime=0)
+        data = gzip.compress(page_bytes(body), compresslevel=self.compresslevel, mtime=0)
         path.write_bytes(data)
         self.pages += 1
         self.openmetrics_pages += openmetrics

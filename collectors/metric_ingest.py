@@ -88,11 +88,82 @@ def _series_cache() -> SeriesCache:
     return cache
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A batch made ready for the store: its scrape rows, samples and uncatalogued tally."""
+
+    scrapes: pl.DataFrame
+    samples: pl.DataFrame
+    unknown: pl.DataFrame
+    targets: pl.DataFrame
+
+
 def ingest_pages(
     pages: Sequence[Page], *, store: Store, keep_uncatalogued: bool = False
 ) -> MetricIngestReport:
-    """Parse, catalogue and store `pages`; scrapes already stored are skipped (idempotent)."""
+    """Parse, catalogue and store `pages`; scrapes already stored are skipped (idempotent).
+
+    A page is the unit of failure: should reading one page fail in a way the parser did not
+    foresee, the batch is read again page by page and that page alone becomes a failed
+    scrape, named in `scrapes` and `ingest_errors`; the other pages are stored as usual."""
     report = MetricIngestReport(pages=len(pages))
+    try:
+        prepared = _prepare(pages, report, keep_uncatalogued=keep_uncatalogued)
+    except Exception:  # noqa: BLE001 (isolated below, page by page)
+        report = MetricIngestReport(pages=len(pages))
+        prepared = _prepare_each(pages, report, keep_uncatalogued=keep_uncatalogued)
+    report.new_scrapes, report.new_points = store.write_scrapes(
+        prepared.scrapes, prepared.samples, targets=prepared.targets
+    )
+    report.stored_samples = prepared.samples.height
+    unknown = prepared.unknown
+    report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
+    if report.new_scrapes:
+        store.count_unknown_families(unknown.cast(UNKNOWN_FAMILIES_SCHEMA))
+    errors = report.line_errors + [
+        r for r in report.failed_scrapes if r.message.startswith(_UNREAD)
+    ]
+    if errors:
+        store.write_ingest_errors(rejects_frame(errors, recorded_ts=store.now()))
+    return report
+
+
+_UNREAD = "the page could not be read: "
+
+
+def _prepare_each(
+    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool
+) -> _Prepared:
+    """`_prepare` one page at a time; a page that fails becomes a failed scrape."""
+    parts: list[_Prepared] = []
+    for page in pages:
+        own = MetricIngestReport()
+        try:
+            parts.append(_prepare([page], own, keep_uncatalogued=keep_uncatalogued))
+            report.line_errors += own.line_errors
+            report.failed_scrapes += own.failed_scrapes
+        except Exception as exc:  # noqa: BLE001 (the page's failure, recorded as its scrape's)
+            failed = Page(
+                page.target,
+                page.scrape_ts,
+                None,
+                page.duration_s,
+                error=f"{_UNREAD}{type(exc).__name__}: {exc}",
+            )
+            parts.append(_prepare([failed], report, keep_uncatalogued=keep_uncatalogued))
+    return _Prepared(
+        scrapes=pl.concat([p.scrapes for p in parts]),
+        samples=pl.concat([p.samples for p in parts]),
+        unknown=pl.concat([p.unknown for p in parts]),
+        targets=pl.concat([p.targets for p in parts]),
+    )
+
+
+def _prepare(
+    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool
+) -> _Prepared:
+    """Parse and catalogue `pages` into the rows the store takes; line errors and failed
+    scrapes are added to `report`."""
     cache = _series_cache()
     fetched: dict[TargetKind, list[int]] = {kind: [] for kind in TargetKind}
     for index, page in enumerate(pages):
@@ -183,16 +254,7 @@ def ingest_pages(
         schema=SCRAPES_SCHEMA,
         orient="row",
     )
-    report.new_scrapes, report.new_points = store.write_scrapes(
-        scrapes, stored, targets=_targets_frame(pages)
-    )
-    report.stored_samples = stored.height
-    report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
-    if report.new_scrapes:
-        store.count_unknown_families(unknown.cast(UNKNOWN_FAMILIES_SCHEMA))
-    if report.line_errors:
-        store.write_ingest_errors(rejects_frame(report.line_errors, recorded_ts=store.now()))
-    return report
+    return _Prepared(scrapes, stored, unknown, _targets_frame(pages))
 
 
 def _scrape_row(

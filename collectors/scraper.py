@@ -2,8 +2,9 @@
 
 Each target has its own timeout, so a slow or dead target never delays the others. The Accept
 header asks for OpenMetrics first and the 0.0.4 text format second, as Prometheus does; gzip is
-negotiated by the HTTP client. A failure (refused, timed out, HTTP error status, oversize or
-undecodable body) becomes a result with an error, never an exception.
+negotiated by the HTTP client. A body is read while it streams and cut off at the size limit.
+A failure (refused, timed out, HTTP error status, oversize body) becomes a result with an
+error, never an exception; bytes that are not UTF-8 cost only the lines that hold them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 
 import httpx
 
+from collectors.exposition import page_text
 from collectors.targets import Target
 
 ACCEPT = (
@@ -46,7 +48,12 @@ class ScrapeResult:
 
 
 async def scrape_target(
-    target: Target, *, client: httpx.AsyncClient, timeout_s: float, now: Clock = utc_now
+    target: Target,
+    *,
+    client: httpx.AsyncClient,
+    timeout_s: float,
+    now: Clock = utc_now,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> ScrapeResult:
     started_ts = now()
     started = time.perf_counter()
@@ -64,22 +71,46 @@ async def scrape_target(
     try:
         async with asyncio.timeout(timeout_s):
             # The client's own timeout (5 s by default) must not cut a longer scrape timeout.
-            response = await client.get(target.url, headers={"Accept": ACCEPT}, timeout=timeout_s)
-            if response.status_code != 200:
-                return result(None, f"HTTP {response.status_code} from {target.url}")
-            content = response.content
+            async with client.stream(
+                "GET", target.url, headers={"Accept": ACCEPT}, timeout=timeout_s
+            ) as response:
+                if response.status_code != 200:
+                    return result(None, f"HTTP {response.status_code} from {target.url}")
+                content = await _bounded_body(response, limit=max_body_bytes)
     except TimeoutError:
         return result(None, f"timed out after {timeout_s:g} s")
     except httpx.HTTPError as exc:
         return result(None, f"{type(exc).__name__}: {exc or 'connection failed'}")
-    if len(content) > MAX_BODY_BYTES:
-        return result(None, f"page of {len(content)} bytes exceeds {MAX_BODY_BYTES}")
-    try:
-        body = content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return result(None, f"page is not UTF-8 text (byte {exc.start})")
+    except _OversizeError as exc:
+        return result(None, str(exc))
     content_type = response.headers.get("content-type", "")
-    return result(body, None, openmetrics=content_type.startswith("application/openmetrics-text"))
+    # Bytes that are not UTF-8 cost only their lines (`page_text`), not the page.
+    return result(
+        page_text(content),
+        None,
+        openmetrics=content_type.startswith("application/openmetrics-text"),
+    )
+
+
+class _OversizeError(Exception):
+    """The page is larger than the scrape's body limit."""
+
+
+async def _bounded_body(response: httpx.Response, *, limit: int) -> bytes:
+    """The decoded body, read while it streams in and given up as soon as it passes `limit`
+    bytes (after decompression), so an oversize or endless page costs at most the limit."""
+    announced = response.headers.get("content-length", "")
+    encoded = response.headers.get("content-encoding", "identity").strip().lower()
+    if announced.isdigit() and encoded == "identity" and int(announced) > limit:
+        raise _OversizeError(f"page of {int(announced)} bytes exceeds the limit of {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _OversizeError(f"page exceeds the limit of {limit} bytes; the rest was not read")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def scrape_targets(

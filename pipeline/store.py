@@ -918,6 +918,8 @@ class Store:
                     ]
                 ).lazy()
             ).collect()
+        if self._may_repeat_points(new_scrapes, samples):
+            points = self._unstored_points(points)
         blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
         self._con.execute("BEGIN TRANSACTION")
         try:
@@ -969,6 +971,41 @@ class Store:
         if stored.height == 0:
             return unique
         return unique.join(stored, on=["target_id", "ts"], how="anti", maintain_order="left")
+
+    def _may_repeat_points(self, new_scrapes: pl.DataFrame, samples: pl.DataFrame) -> bool:
+        """Whether a point of the batch may already be stored. Not when every sample is at its
+        scrape's time and every scrape is later than any stored for its target: the steady
+        batch, decided without asking the tables. Samples with their own timestamps (a page
+        ingested again under another scrape time) and late scrapes are looked up."""
+        latest = self._latest_scrapes()
+        if any(
+            target in latest and ts <= latest[target] for target, ts in _scrape_keys(new_scrapes)
+        ):
+            return True
+        return bool((samples.get_column("ts") != samples.get_column("scrape_ts")).any())
+
+    def _unstored_points(self, points: pl.DataFrame) -> pl.DataFrame:
+        """`points` less those whose (series, time) is stored, or comes earlier in the batch:
+        a sample is stored once however often its page is ingested."""
+        points = points.unique(["series_id", "ts"], keep="first", maintain_order=True)
+        if points.height == 0:
+            return points
+        first, last = points.get_column("ts").min(), points.get_column("ts").max()
+        incoming_points = points.select("series_id", "ts").to_arrow()  # noqa: F841 (read below)
+        stored: pl.DataFrame = self._con.sql(
+            "SELECT p.series_id, CAST(p.ts AS TIMESTAMP_MS) AS ts FROM points p "
+            "JOIN incoming_points i ON p.series_id = i.series_id "
+            "AND p.ts = CAST(i.ts AS TIMESTAMP) WHERE p.ts BETWEEN ? AND ?",
+            params=[first, last],
+        ).pl()
+        if stored.height == 0:
+            return points
+        return points.join(
+            stored.cast({"series_id": pl.Int32(), "ts": pl.Datetime("ms")}),
+            on=["series_id", "ts"],
+            how="anti",
+            maintain_order="left",
+        )
 
     def _latest_scrapes(self) -> dict[str, datetime]:
         if self._written.latest_scrape is None:

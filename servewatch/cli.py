@@ -33,6 +33,7 @@ from rich.progress import (
 from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
 from capacity.worksheet import size_from_file
+from collectors.exposition import page_text
 from collectors.fixture_folder import FixtureError
 from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
 from collectors.prometheus_api import PrometheusApiError
@@ -279,8 +280,8 @@ def ingest_metrics(
     assert scrape_ts is not None
     raw = file.read_bytes()
     try:
-        body = (gzip.decompress(raw) if file.suffix == ".gz" else raw).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        body = page_text(gzip.decompress(raw) if file.suffix == ".gz" else raw)
+    except (OSError, EOFError) as exc:
         raise fail(f"{file}: cannot read the page: {exc}", code=EXIT_BAD_INPUT) from exc
     page_target = Target(
         target_id=target, kind=kind, url=f"file:{file}", replica=replica, host=host, zone=zone

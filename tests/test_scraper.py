@@ -10,7 +10,8 @@ from datetime import datetime
 import httpx
 import pytest
 
-from collectors.scraper import ACCEPT, scrape_targets
+from collectors.exposition import page_text
+from collectors.scraper import ACCEPT, scrape_target, scrape_targets
 from collectors.targets import Target, TargetKind
 from tests.conftest import free_port
 
@@ -107,7 +108,9 @@ def test_each_failure_is_recorded_and_the_good_target_is_unaffected() -> None:
     assert results["slow"].error == "timed out after 0.5 s"
     assert results["error"].error is not None
     assert results["error"].error.startswith("HTTP 500")
-    assert results["garbage"].error == "page is not UTF-8 text (byte 0)"
+    # Bytes that are not UTF-8 reach the parser, which refuses only the lines holding them.
+    assert results["garbage"].ok
+    assert results["garbage"].body == page_text(b"\xff\xfe\x00garbage")
     assert results["down"].error is not None
     assert results["down"].error.startswith("ConnectError")
 
@@ -137,3 +140,73 @@ def test_http_error_statuses(status: int) -> None:
         return result.error
 
     assert asyncio.run(main()) == f"HTTP {status} from http://127.0.0.1:1/metrics"
+
+
+def test_an_endless_page_is_cut_off_at_the_limit_while_it_streams() -> None:
+    # No Content-Length: only reading tells the size. The scraper stops reading at the limit,
+    # so the server's writes fail long before the 256 MiB it means to send.
+    limit = 1024 * 1024
+    sent = [0]
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+        chunk = b"vllm:num_requests_running 1\n" * 2048
+        try:
+            while sent[0] < 256 * 1024 * 1024:
+                writer.write(chunk)
+                await writer.drain()
+                sent[0] += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> str | None:
+        server = await asyncio.start_server(endless, "127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient() as client:
+                result = await scrape_target(
+                    target(server.sockets[0].getsockname()[1], "endless"),
+                    client=client,
+                    timeout_s=10,
+                    max_body_bytes=limit,
+                )
+        finally:
+            server.close()
+            await server.wait_closed()
+        return result.error
+
+    assert asyncio.run(main()) == (
+        f"page exceeds the limit of {limit} bytes; the rest was not read"
+    )
+    assert sent[0] < 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        # Announced too large: refused before any of it is read.
+        ({"content-length": str(2 * 1024 * 1024)}, b"", "page of 2097152 bytes exceeds"),
+        # A small gzip body that inflates past the limit is cut off while it inflates.
+        (
+            {"content-encoding": "gzip"},
+            gzip.compress(b"x 1\n" * (2 * 1024 * 1024)),
+            "page exceeds the limit",
+        ),
+    ],
+)
+def test_oversize_pages_are_refused(headers: dict[str, str], body: bytes, expected: str) -> None:
+    async def main() -> str | None:
+        transport = httpx.MockTransport(
+            lambda _: httpx.Response(200, headers=headers, content=body)
+        )
+        async with httpx.AsyncClient(transport=transport) as client:
+            result = await scrape_target(
+                target(1, "big"), client=client, timeout_s=1, max_body_bytes=1024 * 1024
+            )
+        return result.error
+
+    error = asyncio.run(main())
+    assert error is not None
+    assert error.startswith(expected)
