@@ -173,17 +173,26 @@ def load_latency_points(
 def least_squares(points: pl.LazyFrame, *, by: Sequence[str] = ()) -> pl.LazyFrame:
     """Per group: the line latency = intercept + slope x load, and what the data covered."""
     x, y = pl.col(LOAD), pl.col(LATENCY)
-    sums = [
-        pl.len().alias("points"),
-        x.sum().alias("sx"),
-        y.sum().alias("sy"),
-        (x * x).sum().alias("sxx"),
-        (x * y).sum().alias("sxy"),
-        x.min().alias("load_min"),
-        x.max().alias("load_max"),
-        pl.col("replica").n_unique().alias("replicas"),
-    ]
-    grouped = points.group_by(list(by)).agg(sums) if by else points.select(sums)
+    terms = [x, y, (x * x).alias("xx"), (x * y).alias("xy"), pl.col("replica")]
+    # Each group's rows are gathered into lists, in row order, and summed there: a parallel
+    # group-by sum adds a group's rows in whatever order its threads finish, and the bootstrap
+    # interval then moved in its last digits from run to run of the same seed.
+    listed = (
+        points.group_by(list(by)).agg(terms)
+        if by
+        else points.select(term.implode() for term in terms)
+    )
+    grouped = listed.select(
+        *by,
+        pl.col(LOAD).list.len().alias("points"),
+        pl.col(LOAD).list.sum().alias("sx"),
+        pl.col(LATENCY).list.sum().alias("sy"),
+        pl.col("xx").list.sum().alias("sxx"),
+        pl.col("xy").list.sum().alias("sxy"),
+        pl.col(LOAD).list.min().alias("load_min"),
+        pl.col(LOAD).list.max().alias("load_max"),
+        pl.col("replica").list.n_unique().alias("replicas"),
+    )
     n = pl.col("points").cast(pl.Float64)
     spread = n * pl.col("sxx") - pl.col("sx") ** 2
     # Rounding can leave a tiny positive spread when every load is equal: no line then.

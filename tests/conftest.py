@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import threading
@@ -27,6 +28,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="Rewrite expected outputs of fixture cases instead of comparing against them.",
     )
+    parser.addoption(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        help="Run the tests in an order shuffled by this seed, to show none depends on another.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = config.getoption("--shuffle-seed")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("--shuffle-seed")
+    return None if seed is None else f"test order shuffled with --shuffle-seed {seed}"
 
 
 @pytest.fixture
