@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from typer.core import TyperGroup
 
 from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
@@ -68,6 +70,7 @@ from servewatch.render import (
     demo_summary,
     err_console,
     health_table,
+    labelled,
     out_console,
     print_json,
     sli_histogram_tables,
@@ -90,17 +93,44 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DB = Path("servewatch.duckdb")
 
+
+class _Commands(TyperGroup):
+    """Lists each command with the whole first sentence of its help: click's own listing cuts
+    it to fit the terminal and ends it with "...", which loses text."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [
+            (name, command.get_short_help_str(limit=sys.maxsize))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
     name="servewatch",
+    cls=_Commands,
     help="Observability, SLOs and capacity for fleets of vLLM replicas.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help and usage errors: wrapped at word boundaries, never cropped to the terminal,
+    # and `[slo]` in a help text stays text instead of being read as rich markup.
+    rich_markup_mode=None,
 )
-ingest_app = typer.Typer(help="Read recorded telemetry files into the store.", no_args_is_help=True)
+ingest_app = typer.Typer(
+    help="Read recorded telemetry files into the store.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(ingest_app, name="ingest")
 slo_app = typer.Typer(
-    help="SLOs: status, error budgets, burn rates and Prometheus rules.", no_args_is_help=True
+    help="SLOs: status, error budgets, burn rates and Prometheus rules.",
+    cls=_Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(slo_app, name="slo")
 
@@ -142,7 +172,7 @@ def main_options(
 
 
 def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(labelled("error:", message, style="bold red"))
     return typer.Exit(code)
 
 
@@ -225,7 +255,7 @@ def ingest_traces(
             highlight=False,
         )
     for reject in report.rejects:
-        err_console.print(f"[yellow]rejected[/] {reject}", highlight=False, markup=True)
+        err_console.print(labelled("rejected", str(reject)))
 
 
 def _limit_s(value_ms: float | None, option: str) -> float | None:
@@ -299,7 +329,7 @@ def ingest_metrics(
             highlight=False,
         )
     for reject in report.line_errors:
-        err_console.print(f"[yellow]malformed[/] {reject}", highlight=False)
+        err_console.print(labelled("malformed", str(reject)))
 
 
 @app.command()
@@ -477,7 +507,7 @@ def _scrape_from_prometheus(
         return
     out_console.print(import_summary(report), highlight=False)
     for problem in report.problems:
-        err_console.print(f"[yellow]problem[/] {problem}", highlight=False)
+        err_console.print(labelled("problem", str(problem)))
 
 
 @app.command()
@@ -557,7 +587,7 @@ def scrape(
         state.db = config.store_path
     targets, problems = resolve_targets(config)
     for problem in problems:
-        err_console.print(f"[yellow]targets:[/] {problem}", highlight=False)
+        err_console.print(labelled("targets:", problem))
     if not targets:
         raise fail(f"{config_path}: no targets to scrape", code=EXIT_BAD_INPUT)
     rounds: list[MetricIngestReport] = []
@@ -572,7 +602,7 @@ def scrape(
             highlight=False,
         )
         for failed in report.failed_scrapes:
-            err_console.print(f"[yellow]failed[/] {failed}", highlight=False)
+            err_console.print(labelled("failed", str(failed)))
 
     with open_store() as store:
         if once:
@@ -588,9 +618,7 @@ def scrape(
                     store=store,
                     stop=stop,
                     on_report=show,
-                    on_problem=lambda p: err_console.print(
-                        f"[yellow]targets:[/] {p}", highlight=False
-                    ),
+                    on_problem=lambda p: err_console.print(labelled("targets:", p)),
                 )
             finally:
                 for signum, handler in previous.items():
@@ -777,7 +805,7 @@ def _slo_specs(slo_files: list[Path] | None, config_path: Path | None) -> tuple[
     except (SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console.print(labelled("note:", note))
     return specs
 
 
@@ -819,7 +847,7 @@ def slo_rules_command(
         return
     out_console.print(f"wrote {out}", highlight=False)
     for reason in rules.skipped:
-        err_console.print(f"[yellow]not expressible in PromQL:[/] {reason}", highlight=False)
+        err_console.print(labelled("not expressible in PromQL:", reason))
 
 
 @slo_app.command("evaluate")
@@ -856,7 +884,9 @@ def slo_evaluate_command(
             highlight=False,
         )
     if evaluation.notification_error:
-        err_console.print(f"[red]notification failed:[/] {evaluation.notification_error}")
+        err_console.print(
+            labelled("notification failed:", evaluation.notification_error, style="red")
+        )
 
 
 @app.command()
@@ -972,7 +1002,7 @@ def recommend(
             )
         )
     for note in measured.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console.print(labelled("note:", note))
     markdown = record.to_markdown()
     if out is not None:
         out.write_text(markdown, encoding="utf-8")
@@ -1042,8 +1072,7 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     err_console.print(
         f"servewatch run: store {service.store.path}, OTLP {service.receiver.endpoint}, "
-        f"health http://127.0.0.1:{health_port}/healthz",
-        highlight=False,
+        f"health http://127.0.0.1:{health_port}/healthz"
     )
     try:
         service.run_until(stop, health_port=health_port)
@@ -1085,7 +1114,7 @@ def emulate(
         if not hours > 0:
             raise fail(f"--hours must be positive, got {hours}", code=EXIT_BAD_INPUT)
         start_s = float(int(time.time() // 3600 * 3600) - int(hours * 3600))
-        err_console.print(emulator_implementation(), highlight=False, soft_wrap=True)
+        err_console.print(emulator_implementation())
         with err_console.status(f"recording {hours:g} h of the emulated fleet"):
             manifest = record_emulated_fleet(
                 fleet,
@@ -1149,7 +1178,7 @@ def demo(
 
         def progress(message: str) -> None:
             status.update(message)
-            err_console.print(f"[dim]-[/] {message}", highlight=False)
+            err_console.print(labelled("-", message, style="dim"))
 
         try:
             result = run_demo(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -144,3 +147,50 @@ def test_size_without_demand_is_a_usage_error(runner: CliRunner) -> None:
     result = runner.invoke(app, ["size", "--capacity-req-per-min", "40"])
     assert result.exit_code == 2
     assert "--demand-req-per-min" in result.stderr
+
+
+def servewatch_at_width(args: list[str], *, columns: int) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it, in a terminal `columns` wide (rich reads COLUMNS once)."""
+    return subprocess.run(
+        [sys.executable, "-m", "servewatch.cli", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"COLUMNS": str(columns)},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_an_error_is_one_line_at_any_terminal_width(tmp_path: Path) -> None:
+    config = tmp_path / ("a-rather-long-folder-name-" * 8) / "servewatch.toml"
+    config.parent.mkdir()
+    config.write_text("[scrape]\ninterval_s = 15\n", encoding="utf-8")
+    args = ["scrape", "--config", str(config), "--once"]
+    narrow, wide = (servewatch_at_width(args, columns=c) for c in (40, 300))
+    assert narrow.returncode == wide.returncode == 2
+    assert narrow.stderr == wide.stderr == f"error: {config}: no targets to scrape\n"
+
+
+def test_help_keeps_every_word_and_bracket_in_a_narrow_terminal() -> None:
+    result = servewatch_at_width(["slo", "status", "--help"], columns=40)
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "servewatch.toml ([slo] files, store path)." in text
+    assert (
+        "Budget remaining and consumed, burn rate per alert window, time to exhaustion and "
+        "alert state of every SLO, exact from per-minute good and total counts."
+    ) in text
+    listing = servewatch_at_width(["--help"], columns=40)
+    assert listing.returncode == 0
+    text = " ".join(listing.stdout.split())
+    assert (
+        "Replay a recorded fixture into the store: its spans and every page, scrape by scrape."
+    ) in text
+    commands = listing.stdout.split("Commands:", 1)[1]
+    assert "..." not in commands
+
+
+def test_square_brackets_in_an_error_are_shown(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--db", str(tmp_path / "x.duckdb"), "slo", "status"])
+    assert result.exit_code == 2
+    assert "under [slo] files" in result.stderr
