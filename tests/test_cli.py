@@ -194,3 +194,25 @@ def test_square_brackets_in_an_error_are_shown(runner: CliRunner, tmp_path: Path
     result = runner.invoke(app, ["--db", str(tmp_path / "x.duckdb"), "slo", "status"])
     assert result.exit_code == 2
     assert "under [slo] files" in result.stderr
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_bytes(b"[scrape]\ninterval_s = 15 # \xff\n")
+    result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {config}: line 2: not UTF-8 text (TOML files are UTF-8)\n"
+
+
+def test_invalid_toml_is_one_line_naming_the_file_and_line(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_text("[scrape]\ninterval_s = = 15\n", encoding="utf-8")
+    result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {config}: not valid TOML: ")
+    assert "line 2" in result.stderr
+    assert result.stderr.count("\n") == 1
