@@ -13,11 +13,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import duckdb
 import httpx
 import polars as pl
 import typer
@@ -47,7 +50,15 @@ from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_conf
 from emulator.native import describe as emulator_implementation
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollout_comparison import VersionLabelError
-from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
+from pipeline.store import (
+    SchemaTooNewError,
+    Store,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+    utc_now,
+)
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
@@ -159,7 +170,10 @@ def main_options(
     db: Annotated[
         Path,
         typer.Option(
-            "--db", help="DuckDB store file (created when missing).", envvar="SERVEWATCH_DB"
+            "--db",
+            help="DuckDB store file. Commands that store data (ingest, replay, scrape, run) "
+            "create it when missing; the others refuse a missing one.",
+            envvar="SERVEWATCH_DB",
         ),
     ] = DEFAULT_DB,
     version: Annotated[
@@ -176,13 +190,27 @@ def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
     return typer.Exit(code)
 
 
-def open_store() -> Store:
+@contextmanager
+def open_store(*, create: bool = False) -> Iterator[Store]:
+    """The store at --db for one command. Only commands that store data create a missing one;
+    damage DuckDB finds while the command runs is one line and exit 1, as at open."""
     try:
-        return Store.open(state.db)
-    except SchemaTooNewError as exc:
+        store = Store.open(state.db, create=create)
+    except StoreMissingError as exc:
+        message = f"{exc}; `servewatch ingest` or `servewatch run` creates one"
+        raise fail(message, code=EXIT_BAD_INPUT) from exc
+    except (SchemaTooNewError, StorePathError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
         raise fail(str(exc)) from exc
+    with store:
+        try:
+            yield store
+        except duckdb.Error as exc:
+            damaged = damage_error(store.path, exc)
+            if damaged is None:
+                raise
+            raise fail(str(damaged)) from exc
 
 
 def _instant(value: str | None, option: str) -> datetime | None:
@@ -243,7 +271,7 @@ def ingest_traces(
     Re-ingesting a file changes nothing. Malformed lines and spans are reported with file and
     line, recorded in `ingest_errors`, and the rest of the file is kept.
     """
-    with open_store() as store:
+    with open_store(create=True) as store:
         report = run_trace_ingest(store, files)
     if as_json:
         print_json(_ingest_json(report))
@@ -315,7 +343,7 @@ def ingest_metrics(
     page_target = Target(
         target_id=target, kind=kind, url=f"file:{file}", replica=replica, host=host, zone=zone
     )
-    with open_store() as store:
+    with open_store(create=True) as store:
         report = ingest_pages(
             [Page(page_target, scrape_ts, body)], store=store, keep_uncatalogued=keep_uncatalogued
         )
@@ -357,7 +385,7 @@ def replay(
     except FixtureError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with (
-        open_store() as store,
+        open_store(create=True) as store,
         Progress(
             TextColumn("replay pages"),
             BarColumn(),
@@ -457,6 +485,18 @@ def record_command(
     )
 
 
+def _write_file(path: Path, text: str, *, what: str) -> None:
+    """Write an --out file; a folder or an unwritable path is a usage error."""
+    if path.is_dir():
+        raise fail(f"--out {path}: is a folder; give {what}'s path", code=EXIT_BAD_INPUT)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise fail(
+            f"--out {path}: cannot write: {exc.strerror or exc}", code=EXIT_BAD_INPUT
+        ) from exc
+
+
 def _load_config(path: Path) -> Config:
     try:
         return load_config(path)
@@ -497,7 +537,7 @@ def _scrape_from_prometheus(
     except ValueError as exc:
         raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
     keep = keep_uncatalogued or (config is not None and config.scrape.keep_uncatalogued)
-    with open_store() as store:
+    with open_store(create=True) as store:
         try:
             report = import_from_prometheus(url, store=store, window=window, keep_uncatalogued=keep)
         except PrometheusApiError as exc:
@@ -604,7 +644,7 @@ def scrape(
         for failed in report.failed_scrapes:
             err_console.print(labelled("failed", str(failed)))
 
-    with open_store() as store:
+    with open_store(create=True) as store:
         if once:
             show(scrape_round(targets, store=store, settings=config.scrape))
         else:
@@ -841,7 +881,7 @@ def slo_rules_command(
     (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
     specs = _slo_specs(slo, config)
     rules = prometheus_rules(specs)
-    out.write_text(rules.to_yaml(), encoding="utf-8")
+    _write_file(out, rules.to_yaml(), what="the rule file")
     if as_json:
         print_json({"out": str(out), "skipped": list(rules.skipped)})
         return
@@ -1005,7 +1045,7 @@ def recommend(
         err_console.print(labelled("note:", note))
     markdown = record.to_markdown()
     if out is not None:
-        out.write_text(markdown, encoding="utf-8")
+        _write_file(out, markdown, what="the decision record")
     if as_json:
         print_json(document)
     else:
@@ -1030,6 +1070,11 @@ def report(
     limits = GoodputLimits(
         ttft_s=_limit_s(ttft_ms, "--ttft-ms"), tpot_s=_limit_s(tpot_ms, "--tpot-ms")
     )
+    if out.exists() and not out.is_dir():
+        raise fail(
+            f"--out {out}: is a file; the report is a folder (report.html and charts/)",
+            code=EXIT_BAD_INPUT,
+        )
     with open_store() as store:
         try:
             built = store_report(
@@ -1062,7 +1107,7 @@ def run(
     """
     try:
         service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
-    except (ConfigError, SloSetupError, SpecError) as exc:
+    except (ConfigError, SloSetupError, SpecError, StorePathError, SchemaTooNewError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
         raise fail(str(exc)) from exc

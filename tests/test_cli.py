@@ -35,7 +35,9 @@ def test_every_command_has_help(runner: CliRunner, command: list[str]) -> None:
 
 
 def test_sli_on_an_empty_store_says_so(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["--db", str(tmp_path / "e.duckdb"), "sli", "--json"])
+    db = tmp_path / "e.duckdb"
+    Store.open(db).close()
+    result = runner.invoke(app, ["--db", str(db), "sli", "--json"])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["overall"]["requests"] == 0
     assert "ingest traces first" in result.stderr
