@@ -596,9 +596,10 @@ def scrape(
     """Scrape every target's /metrics concurrently into the store, or import from Prometheus.
 
     Each target has its own timeout: a slow or dead one is recorded as a failed scrape and
-    delays no other. Without --once, each target is scraped on its own schedule (its
-    interval, at a stable offset within it) until Ctrl-C or SIGTERM, and pages are stored in
-    batches as they come (`servewatch run` does this together with the other jobs).
+    delays no other; --once exits 1 when no target answered. Without --once, each target is
+    scraped on its own schedule (its interval, at a stable offset within it) until Ctrl-C or
+    SIGTERM, and pages are stored in batches as they come (`servewatch run` does this together
+    with the other jobs).
 
     With --from-prometheus URL --from T --to T, the catalogued families a Prometheus already
     holds for the range are read through its HTTP API into the same tables instead;
@@ -665,6 +666,8 @@ def scrape(
                     signal.signal(signum, handler)
     if as_json:
         print_json({"rounds": [_metric_json(r) for r in rounds]})
+    if once and len(rounds[0].failed_scrapes) == rounds[0].pages:
+        raise fail(f"no target answered: all {rounds[0].pages} scrapes failed")
 
 
 @app.command()
@@ -1103,7 +1106,9 @@ def run(
     """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
 
     SIGTERM or Ctrl-C finishes the running jobs, writes what is pending and exits 0. A config
-    file that turns invalid while running is reported and the last good one stays in use.
+    file that turns invalid while running is reported and the last good one stays in use. A
+    target failing scrape.failing_after scrapes in a row is warned about on stderr; /healthz
+    says degraded while some targets fail and answers 503 while all do.
     """
     try:
         service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)

@@ -33,6 +33,7 @@ class ScrapeSettings:
     interval_s: float = 15.0
     timeout_s: float = 10.0
     keep_uncatalogued: bool = False
+    failing_after: int = 3  # failed scrapes in a row before a target counts as failing
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         interval_s=scrape_section.positive_number("interval_s", default=15.0),
         timeout_s=scrape_section.positive_number("timeout_s", default=10.0),
         keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=False),
+        failing_after=scrape_section.whole("failing_after", default=3, minimum=1),
     )
     scrape_section.done()
     if scrape.timeout_s > scrape.interval_s:

@@ -44,6 +44,7 @@ def test_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.store_path == tmp_path / "data" / "fleet.duckdb"
     assert config.scrape.interval_s == 30
+    assert config.scrape.failing_after == 3
     (target,) = config.targets
     assert (target.kind, target.replica, target.gpus) == (TargetKind.VLLM, "vllm-0", 2)
     assert config.file_sd == (tmp_path / "targets" / "dcgm.json",)
@@ -86,6 +87,7 @@ def test_empty_config_gives_defaults() -> None:
             "otlp.mapping.replica_keys: must be a list",
         ),
         ({"file_sd": [{}]}, "file_sd[0].path: is required"),
+        ({"scrape": {"failing_after": 0}}, "scrape.failing_after: must be a whole number >= 1"),
         (
             {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpus": -1}]},
             "targets[0].gpus: must be a positive whole number, got -1",
