@@ -67,6 +67,7 @@ class StoreDamagedError(StoreError):
 _DAMAGE_MARKERS = ("not a valid duckdb database", "could not read enough bytes", "corrupt")
 # A DuckDB file starts with three 4 KiB headers; its blocks follow.
 _FILE_HEADER_BYTES = 3 * 4096
+_DAMAGED_ADVICE = "restore it from a backup, or pass another --db"
 
 
 def damage_error(location: str, exc: duckdb.Error) -> StoreDamagedError | None:
@@ -75,8 +76,7 @@ def damage_error(location: str, exc: duckdb.Error) -> StoreDamagedError | None:
     if not any(marker in detail.lower() for marker in _DAMAGE_MARKERS):
         return None
     return StoreDamagedError(
-        f"store {location} is damaged or not a DuckDB store ({detail}); restore it from a "
-        "backup, or pass another --db"
+        f"store {location} is damaged or not a DuckDB store ({detail}); {_DAMAGED_ADVICE}"
     )
 
 
@@ -727,8 +727,7 @@ class Store:
         if length < expected:
             raise StoreDamagedError(
                 f"store {self.path} is damaged: {length:,} bytes, but its header counts "
-                f"{total_blocks} blocks ({expected:,} bytes; cut short?); restore it from a "
-                "backup, or pass another --db"
+                f"{total_blocks} blocks ({expected:,} bytes; cut short?); {_DAMAGED_ADVICE}"
             )
 
     def _use_allowed_cpus(self) -> None:

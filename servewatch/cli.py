@@ -133,6 +133,7 @@ app = typer.Typer(
 )
 ingest_app = typer.Typer(
     help="Read recorded telemetry files into the store.",
+    cls=_Commands,
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -190,19 +191,24 @@ def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _store_failure(exc: StoreError) -> typer.Exit:
+    """A store that cannot be opened: bad input when the path or version is wrong."""
+    if isinstance(exc, StoreMissingError):
+        message = f"{exc}; `servewatch ingest` or `servewatch run` creates one"
+        return fail(message, code=EXIT_BAD_INPUT)
+    if isinstance(exc, SchemaTooNewError | StorePathError):
+        return fail(str(exc), code=EXIT_BAD_INPUT)
+    return fail(str(exc))
+
+
 @contextmanager
 def open_store(*, create: bool = False) -> Iterator[Store]:
     """The store at --db for one command. Only commands that store data create a missing one;
     damage DuckDB finds while the command runs is one line and exit 1, as at open."""
     try:
         store = Store.open(state.db, create=create)
-    except StoreMissingError as exc:
-        message = f"{exc}; `servewatch ingest` or `servewatch run` creates one"
-        raise fail(message, code=EXIT_BAD_INPUT) from exc
-    except (SchemaTooNewError, StorePathError) as exc:
-        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
-        raise fail(str(exc)) from exc
+        raise _store_failure(exc) from exc
     with store:
         try:
             yield store
@@ -1112,10 +1118,10 @@ def run(
     """
     try:
         service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
-    except (ConfigError, SloSetupError, SpecError, StorePathError, SchemaTooNewError) as exc:
+    except (ConfigError, SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
-        raise fail(str(exc)) from exc
+        raise _store_failure(exc) from exc
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -88,18 +88,22 @@ def _listen(section: _Section, default: ReceiverConfig) -> tuple[str, int]:
     return host, int(port_text)
 
 
-# RFC 6750 b64token (token68): what a client may send after "Bearer " in a header.
-_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+# RFC 6750 b64token (token68), what a client may send after "Bearer ": 1+ token characters,
+# then = padding.
+_TOKEN68 = re.compile(r"([A-Za-z0-9._~+/-]*)=*")
 
 
 def _bearer_token(section: _Section) -> str | None:
     """The OTLP bearer token, refused unless every exporter can send it in a header; the error
     says where the token goes wrong, never what it is."""
     token = section.text("bearer_token")
-    if token is None or _TOKEN68.fullmatch(token):
+    if token is None:
+        return None
+    valid = _TOKEN68.match(token)
+    assert valid is not None  # every part of the pattern may match nothing
+    if valid.group(1) and valid.end() == len(token):
         return token
-    good = re.match(r"[A-Za-z0-9._~+/-]*=*", token)
-    at = good.end() if good and good.end() < len(token) else 0
+    at = valid.end() if valid.group(1) else 0
     raise section.fail(
         "bearer_token",
         "must be printable ASCII in RFC 6750 token form (letters, digits, - . _ ~ + /, then "
