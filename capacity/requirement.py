@@ -16,7 +16,6 @@ record and in the tornado.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from capacity.demand import RateDemand, TokenDemand
 from capacity.figure import Figure, SourceKind, assumed
 from capacity.placement import FailureUnit
 from capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
-from slo.fields import Fields
+from slo.fields import Fields, read_toml
 
 DEFAULT_RECOVERY_INTERVAL_S = 180.0
 
@@ -407,12 +406,4 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
 
 
 def load_requirement(path: Path) -> Requirement:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RequirementError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RequirementError(f"{path}: not valid TOML: {exc}") from exc
-    return parse_requirement(data, where=str(path))
+    return parse_requirement(read_toml(path, error=RequirementError), where=str(path))

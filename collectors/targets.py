@@ -19,6 +19,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import polars as pl
 import yaml
@@ -89,6 +90,31 @@ def duration_s(value: object, *, where: str) -> float:
     return seconds
 
 
+def gpu_count(value: object) -> int:
+    """A positive whole number of GPUs, from a config number or a label string."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        count = int(value)
+    else:
+        count = 0
+    if count <= 0:
+        raise ValueError(f"must be a positive whole number, got {value!r}")
+    return count
+
+
+def check_scrape_url(url: str) -> None:
+    """Raise ValueError unless `url` can be scraped: http or https, with a host."""
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        parts.port  # noqa: B018 (raises ValueError on a port out of range)
+    except ValueError:
+        usable = False
+    if not usable:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {url!r}")
+
+
 def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -> Target:
     """One target from an address (`host:port` or a full URL) and its labels."""
     kind_text = labels.get("kind")
@@ -105,13 +131,15 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         scheme = str(labels.get("__scheme__", "http"))
         path = str(labels.get("__metrics_path__", "/metrics"))
         url = f"{scheme}://{address}{path if path.startswith('/') else '/' + path}"
+    try:
+        check_scrape_url(url)
+    except ValueError as exc:
+        raise TargetError(f"{where}: target URL {exc}") from exc
     gpus_value = labels.get("gpus")
     try:
-        gpus = None if gpus_value is None else int(gpus_value)
-    except (TypeError, ValueError) as exc:
-        raise TargetError(
-            f"{where}: label gpus must be a whole number, got {gpus_value!r}"
-        ) from exc
+        gpus = None if gpus_value is None else gpu_count(gpus_value)
+    except ValueError as exc:
+        raise TargetError(f"{where}: label gpus {exc}") from exc
 
     def text(name: str) -> str | None:
         value = labels.get(name)

@@ -51,6 +51,56 @@ class SchemaTooNewError(StoreError):
     """The file was written by a newer servewatch whose schema this version does not know."""
 
 
+class StorePathError(StoreError):
+    """The path cannot hold a store file: a folder, or below a regular file."""
+
+
+class StoreMissingError(StorePathError):
+    """No store at the path, and the caller asked not to create one."""
+
+
+class StoreDamagedError(StoreError):
+    """The file is not a DuckDB store, or parts of it cannot be read back."""
+
+
+# What DuckDB says of a file that is not a database, cut short, or overwritten in places.
+_DAMAGE_MARKERS = ("not a valid duckdb database", "could not read enough bytes", "corrupt")
+# A DuckDB file starts with three 4 KiB headers; its blocks follow.
+_FILE_HEADER_BYTES = 3 * 4096
+_DAMAGED_ADVICE = "restore it from a backup, or pass another --db"
+
+
+def damage_error(location: str, exc: duckdb.Error) -> StoreDamagedError | None:
+    """The error to show when DuckDB's `exc` says the store file is damaged; None otherwise."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not any(marker in detail.lower() for marker in _DAMAGE_MARKERS):
+        return None
+    return StoreDamagedError(
+        f"store {location} is damaged or not a DuckDB store ({detail}); {_DAMAGED_ADVICE}"
+    )
+
+
+def _check_location(path: Path, *, create: bool) -> None:
+    """Refuse a path that cannot be a store file; make its folders when creating."""
+    if path.is_dir():
+        raise StorePathError(f"store {path}: is a folder, not a store file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StorePathError(f"store {path}: {parent} is a file, not a folder")
+            break
+    if path.exists():
+        return
+    if not create:
+        raise StoreMissingError(f"no store at {path}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorePathError(
+            f"store {path}: cannot create {path.parent}: {exc.strerror or exc}"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -621,11 +671,15 @@ class Store:
         self._written = _WrittenKeys()
 
     @classmethod
-    def open(cls, path: Path | str, *, clock: Clock = utc_now) -> Self:
-        """Open (creating if needed) the store at `path` and migrate it to the latest schema."""
+    def open(cls, path: Path | str, *, create: bool = True, clock: Clock = utc_now) -> Self:
+        """Open the store at `path` and migrate it to the latest schema. A missing store is
+        created with its folders, unless `create` is false (StoreMissingError then); a path
+        that cannot be a file raises StorePathError, a damaged file StoreDamagedError."""
         location = str(path)
+        logged = False
         if location != IN_MEMORY:
-            Path(location).parent.mkdir(parents=True, exist_ok=True)
+            _check_location(Path(location), create=create)
+            logged = Path(f"{location}.wal").exists()
         try:
             connection = duckdb.connect(location)
         except duckdb.Error as exc:
@@ -634,9 +688,14 @@ class Store:
                     f"store {location} is in use by another process (one process writes a "
                     f"store; is a `servewatch run` using it?): {exc}"
                 ) from exc
+            damaged = damage_error(location, exc)
+            if damaged is not None:
+                raise damaged from exc
             raise StoreError(f"cannot open store {location}: {exc}") from exc
         store = cls(connection, location, clock)
         try:
+            if location != IN_MEMORY and not logged:
+                store._check_length()
             store._use_allowed_cpus()
             # DuckDB checkpoints (moves the write-ahead log into the file) once the log passes
             # 16 MB by default: about every 40,000 stored spans or a few seconds of scrapes, and
@@ -645,10 +704,31 @@ class Store:
             # spans stored per second on a million spans. Closing the store still checkpoints.
             connection.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
             store._migrate(now=clock())
+        except duckdb.Error as exc:
+            connection.close()
+            damaged = damage_error(location, exc)
+            if damaged is None:
+                raise
+            raise damaged from exc
         except BaseException:
             connection.close()
             raise
         return store
+
+    def _check_length(self) -> None:
+        """Refuse a file shorter than the blocks its header counts (a copy or disk cut short):
+        DuckDB opens it and fails only on the first query that reads a missing block. Not
+        checked with a write-ahead log pending, whose replay may count blocks not yet written."""
+        row = self._con.execute("PRAGMA database_size").fetchone()
+        assert row is not None
+        block_size, total_blocks = int(row[2]), int(row[3])
+        expected = _FILE_HEADER_BYTES + block_size * total_blocks
+        length = Path(self.path).stat().st_size
+        if length < expected:
+            raise StoreDamagedError(
+                f"store {self.path} is damaged: {length:,} bytes, but its header counts "
+                f"{total_blocks} blocks ({expected:,} bytes; cut short?); {_DAMAGED_ADVICE}"
+            )
 
     def _use_allowed_cpus(self) -> None:
         # DuckDB starts a thread per core of the machine, also when this process may run on

@@ -10,13 +10,17 @@ import gzip
 import json
 import logging
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import duckdb
 import httpx
 import polars as pl
 import typer
@@ -29,6 +33,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from typer.core import TyperGroup
 
 from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
@@ -46,7 +51,15 @@ from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_conf
 from emulator.native import describe as emulator_implementation
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollout_comparison import VersionLabelError
-from pipeline.store import SchemaTooNewError, Store, StoreError, utc_now
+from pipeline.store import (
+    SchemaTooNewError,
+    Store,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+    utc_now,
+)
 from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
@@ -69,6 +82,7 @@ from servewatch.render import (
     demo_summary,
     err_console,
     health_table,
+    labelled,
     out_console,
     print_json,
     sli_histogram_tables,
@@ -91,17 +105,45 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 DEFAULT_DB = Path("servewatch.duckdb")
 
+
+class _Commands(TyperGroup):
+    """Lists each command with the whole first sentence of its help: click's own listing cuts
+    it to fit the terminal and ends it with "...", which loses text."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [
+            (name, command.get_short_help_str(limit=sys.maxsize))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
     name="servewatch",
+    cls=_Commands,
     help="Observability, SLOs and capacity for fleets of vLLM replicas.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help and usage errors: wrapped at word boundaries, never cropped to the terminal,
+    # and `[slo]` in a help text stays text instead of being read as rich markup.
+    rich_markup_mode=None,
 )
-ingest_app = typer.Typer(help="Read recorded telemetry files into the store.", no_args_is_help=True)
+ingest_app = typer.Typer(
+    help="Read recorded telemetry files into the store.",
+    cls=_Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(ingest_app, name="ingest")
 slo_app = typer.Typer(
-    help="SLOs: status, error budgets, burn rates and Prometheus rules.", no_args_is_help=True
+    help="SLOs: status, error budgets, burn rates and Prometheus rules.",
+    cls=_Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(slo_app, name="slo")
 
@@ -130,7 +172,10 @@ def main_options(
     db: Annotated[
         Path,
         typer.Option(
-            "--db", help="DuckDB store file (created when missing).", envvar="SERVEWATCH_DB"
+            "--db",
+            help="DuckDB store file. Commands that store data (ingest, replay, scrape, run) "
+            "create it when missing; the others refuse a missing one.",
+            envvar="SERVEWATCH_DB",
         ),
     ] = DEFAULT_DB,
     version: Annotated[
@@ -143,17 +188,36 @@ def main_options(
 
 
 def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(labelled("error:", message, style="bold red"))
     return typer.Exit(code)
 
 
-def open_store() -> Store:
+def _store_failure(exc: StoreError) -> typer.Exit:
+    """A store that cannot be opened: bad input when the path or version is wrong."""
+    if isinstance(exc, StoreMissingError):
+        message = f"{exc}; `servewatch ingest` or `servewatch run` creates one"
+        return fail(message, code=EXIT_BAD_INPUT)
+    if isinstance(exc, SchemaTooNewError | StorePathError):
+        return fail(str(exc), code=EXIT_BAD_INPUT)
+    return fail(str(exc))
+
+
+@contextmanager
+def open_store(*, create: bool = False) -> Iterator[Store]:
+    """The store at --db for one command. Only commands that store data create a missing one;
+    damage DuckDB finds while the command runs is one line and exit 1, as at open."""
     try:
-        return Store.open(state.db)
-    except SchemaTooNewError as exc:
-        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+        store = Store.open(state.db, create=create)
     except StoreError as exc:
-        raise fail(str(exc)) from exc
+        raise _store_failure(exc) from exc
+    with store:
+        try:
+            yield store
+        except duckdb.Error as exc:
+            damaged = damage_error(store.path, exc)
+            if damaged is None:
+                raise
+            raise fail(str(damaged)) from exc
 
 
 def _instant(value: str | None, option: str) -> datetime | None:
@@ -214,7 +278,7 @@ def ingest_traces(
     Re-ingesting a file changes nothing. Malformed lines and spans are reported with file and
     line, recorded in `ingest_errors`, and the rest of the file is kept.
     """
-    with open_store() as store:
+    with open_store(create=True) as store:
         report = run_trace_ingest(store, files)
     if as_json:
         print_json(_ingest_json(report))
@@ -226,7 +290,7 @@ def ingest_traces(
             highlight=False,
         )
     for reject in report.rejects:
-        err_console.print(f"[yellow]rejected[/] {reject}", highlight=False, markup=True)
+        err_console.print(labelled("rejected", str(reject)))
 
 
 def _limit_s(value_ms: float | None, option: str) -> float | None:
@@ -286,7 +350,7 @@ def ingest_metrics(
     page_target = Target(
         target_id=target, kind=kind, url=f"file:{file}", replica=replica, host=host, zone=zone
     )
-    with open_store() as store:
+    with open_store(create=True) as store:
         report = ingest_pages(
             [Page(page_target, scrape_ts, body)], store=store, keep_uncatalogued=keep_uncatalogued
         )
@@ -300,7 +364,7 @@ def ingest_metrics(
             highlight=False,
         )
     for reject in report.line_errors:
-        err_console.print(f"[yellow]malformed[/] {reject}", highlight=False)
+        err_console.print(labelled("malformed", str(reject)))
 
 
 @app.command()
@@ -328,7 +392,7 @@ def replay(
     except FixtureError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with (
-        open_store() as store,
+        open_store(create=True) as store,
         Progress(
             TextColumn("replay pages"),
             BarColumn(),
@@ -428,6 +492,18 @@ def record_command(
     )
 
 
+def _write_file(path: Path, text: str, *, what: str) -> None:
+    """Write an --out file; a folder or an unwritable path is a usage error."""
+    if path.is_dir():
+        raise fail(f"--out {path}: is a folder; give {what}'s path", code=EXIT_BAD_INPUT)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise fail(
+            f"--out {path}: cannot write: {exc.strerror or exc}", code=EXIT_BAD_INPUT
+        ) from exc
+
+
 def _load_config(path: Path) -> Config:
     try:
         return load_config(path)
@@ -468,7 +544,7 @@ def _scrape_from_prometheus(
     except ValueError as exc:
         raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
     keep = keep_uncatalogued or (config is not None and config.scrape.keep_uncatalogued)
-    with open_store() as store:
+    with open_store(create=True) as store:
         try:
             report = import_from_prometheus(url, store=store, window=window, keep_uncatalogued=keep)
         except PrometheusApiError as exc:
@@ -478,7 +554,7 @@ def _scrape_from_prometheus(
         return
     out_console.print(import_summary(report), highlight=False)
     for problem in report.problems:
-        err_console.print(f"[yellow]problem[/] {problem}", highlight=False)
+        err_console.print(labelled("problem", str(problem)))
 
 
 @app.command()
@@ -527,9 +603,10 @@ def scrape(
     """Scrape every target's /metrics concurrently into the store, or import from Prometheus.
 
     Each target has its own timeout: a slow or dead one is recorded as a failed scrape and
-    delays no other. Without --once, each target is scraped on its own schedule (its
-    interval, at a stable offset within it) until Ctrl-C or SIGTERM, and pages are stored in
-    batches as they come (`servewatch run` does this together with the other jobs).
+    delays no other; --once exits 1 when no target answered. Without --once, each target is
+    scraped on its own schedule (its interval, at a stable offset within it) until Ctrl-C or
+    SIGTERM, and pages are stored in batches as they come (`servewatch run` does this together
+    with the other jobs).
 
     With --from-prometheus URL --from T --to T, the catalogued families a Prometheus already
     holds for the range are read through its HTTP API into the same tables instead;
@@ -558,7 +635,7 @@ def scrape(
         state.db = config.store_path
     targets, problems = resolve_targets(config)
     for problem in problems:
-        err_console.print(f"[yellow]targets:[/] {problem}", highlight=False)
+        err_console.print(labelled("targets:", problem))
     if not targets:
         raise fail(f"{config_path}: no targets to scrape", code=EXIT_BAD_INPUT)
     rounds: list[MetricIngestReport] = []
@@ -573,9 +650,9 @@ def scrape(
             highlight=False,
         )
         for failed in report.failed_scrapes:
-            err_console.print(f"[yellow]failed[/] {failed}", highlight=False)
+            err_console.print(labelled("failed", str(failed)))
 
-    with open_store() as store:
+    with open_store(create=True) as store:
         if once:
             show(scrape_round(targets, store=store, settings=config.scrape))
         else:
@@ -589,15 +666,15 @@ def scrape(
                     store=store,
                     stop=stop,
                     on_report=show,
-                    on_problem=lambda p: err_console.print(
-                        f"[yellow]targets:[/] {p}", highlight=False
-                    ),
+                    on_problem=lambda p: err_console.print(labelled("targets:", p)),
                 )
             finally:
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
     if as_json:
         print_json({"rounds": [_metric_json(r) for r in rounds]})
+    if once and len(rounds[0].failed_scrapes) == rounds[0].pages:
+        raise fail(f"no target answered: all {rounds[0].pages} scrapes failed")
 
 
 @app.command()
@@ -778,7 +855,7 @@ def _slo_specs(slo_files: list[Path] | None, config_path: Path | None) -> tuple[
     except (SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console.print(labelled("note:", note))
     return specs
 
 
@@ -814,13 +891,13 @@ def slo_rules_command(
     (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
     specs = _slo_specs(slo, config)
     rules = prometheus_rules(specs)
-    out.write_text(rules.to_yaml(), encoding="utf-8")
+    _write_file(out, rules.to_yaml(), what="the rule file")
     if as_json:
         print_json({"out": str(out), "skipped": list(rules.skipped)})
         return
     out_console.print(f"wrote {out}", highlight=False)
     for reason in rules.skipped:
-        err_console.print(f"[yellow]not expressible in PromQL:[/] {reason}", highlight=False)
+        err_console.print(labelled("not expressible in PromQL:", reason))
 
 
 @slo_app.command("evaluate")
@@ -857,7 +934,9 @@ def slo_evaluate_command(
             highlight=False,
         )
     if evaluation.notification_error:
-        err_console.print(f"[red]notification failed:[/] {evaluation.notification_error}")
+        err_console.print(
+            labelled("notification failed:", evaluation.notification_error, style="red")
+        )
 
 
 @app.command()
@@ -973,10 +1052,10 @@ def recommend(
             )
         )
     for note in measured.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console.print(labelled("note:", note))
     markdown = record.to_markdown()
     if out is not None:
-        out.write_text(markdown, encoding="utf-8")
+        _write_file(out, markdown, what="the decision record")
     if as_json:
         print_json(document)
     else:
@@ -1001,6 +1080,11 @@ def report(
     limits = GoodputLimits(
         ttft_s=_limit_s(ttft_ms, "--ttft-ms"), tpot_s=_limit_s(tpot_ms, "--tpot-ms")
     )
+    if out.exists() and not out.is_dir():
+        raise fail(
+            f"--out {out}: is a file; the report is a folder (report.html and charts/)",
+            code=EXIT_BAD_INPUT,
+        )
     with open_store() as store:
         try:
             built = store_report(
@@ -1029,22 +1113,23 @@ def run(
     """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
 
     SIGTERM or Ctrl-C finishes the running jobs, writes what is pending and exits 0. A config
-    file that turns invalid while running is reported and the last good one stays in use.
+    file that turns invalid while running is reported and the last good one stays in use. A
+    target failing scrape.failing_after scrapes in a row is warned about on stderr; /healthz
+    says degraded while some targets fail and answers 503 while all do.
     """
     try:
         service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
     except (ConfigError, SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
-        raise fail(str(exc)) from exc
+        raise _store_failure(exc) from exc
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     err_console.print(
         f"servewatch run: store {service.store.path}, OTLP {service.receiver.endpoint}, "
-        f"health http://127.0.0.1:{health_port}/healthz",
-        highlight=False,
+        f"health http://127.0.0.1:{health_port}/healthz"
     )
     try:
         service.run_until(stop, health_port=health_port)
@@ -1086,7 +1171,7 @@ def emulate(
         if not hours > 0:
             raise fail(f"--hours must be positive, got {hours}", code=EXIT_BAD_INPUT)
         start_s = float(int(time.time() // 3600 * 3600) - int(hours * 3600))
-        err_console.print(emulator_implementation(), highlight=False, soft_wrap=True)
+        err_console.print(emulator_implementation())
         with err_console.status(f"recording {hours:g} h of the emulated fleet"):
             manifest = record_emulated_fleet(
                 fleet,
@@ -1150,7 +1235,7 @@ def demo(
 
         def progress(message: str) -> None:
             status.update(message)
-            err_console.print(f"[dim]-[/] {message}", highlight=False)
+            err_console.print(labelled("-", message, style="dim"))
 
         try:
             result = run_demo(

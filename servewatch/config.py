@@ -6,7 +6,7 @@ what is allowed. Unknown keys are errors too: a misspelt option silently ignored
 
 from __future__ import annotations
 
-import tomllib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +14,14 @@ from typing import Any
 
 from collectors.otlp_receiver import ReceiverConfig
 from collectors.request_spans import SpanMapping
-from collectors.targets import Target, TargetError, target_from_labels
-from slo.fields import Fields
+from collectors.targets import (
+    Target,
+    TargetError,
+    check_scrape_url,
+    gpu_count,
+    target_from_labels,
+)
+from slo.fields import Fields, read_toml
 
 
 class ConfigError(ValueError):
@@ -27,6 +33,7 @@ class ScrapeSettings:
     interval_s: float = 15.0
     timeout_s: float = 10.0
     keep_uncatalogued: bool = False
+    failing_after: int = 3  # failed scrapes in a row before a target counts as failing
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,29 @@ def _listen(section: _Section, default: ReceiverConfig) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# RFC 6750 b64token (token68), what a client may send after "Bearer ": 1+ token characters,
+# then = padding.
+_TOKEN68 = re.compile(r"([A-Za-z0-9._~+/-]*)=*")
+
+
+def _bearer_token(section: _Section) -> str | None:
+    """The OTLP bearer token, refused unless every exporter can send it in a header; the error
+    says where the token goes wrong, never what it is."""
+    token = section.text("bearer_token")
+    if token is None:
+        return None
+    valid = _TOKEN68.match(token)
+    assert valid is not None  # every part of the pattern may match nothing
+    if valid.group(1) and valid.end() == len(token):
+        return token
+    at = valid.end() if valid.group(1) else 0
+    raise section.fail(
+        "bearer_token",
+        "must be printable ASCII in RFC 6750 token form (letters, digits, - . _ ~ + /, then "
+        f"optional = padding); character {at + 1} is not allowed there",
+    )
+
+
 def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     """One inline [[targets]] entry; `interval_s` and `timeout_s` override the scrape settings
     for this target (a timeout longer than the target's interval is refused)."""
@@ -100,6 +130,16 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     labels["__scrape_interval__"] = interval_s
     labels["__scrape_timeout__"] = timeout_s
     section.done()
+    # Checked here too, so that the error names the field (target_from_labels names labels).
+    try:
+        check_scrape_url(url)
+    except ValueError as exc:
+        raise section.fail("url", str(exc)) from exc
+    try:
+        if labels["gpus"] is not None:
+            gpu_count(labels["gpus"])
+    except ValueError as exc:
+        raise section.fail("gpus", str(exc)) from exc
     try:
         return target_from_labels(url, labels, where=f"{section.where}: {section.path}")
     except TargetError as exc:
@@ -119,6 +159,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         interval_s=scrape_section.positive_number("interval_s", default=15.0),
         timeout_s=scrape_section.positive_number("timeout_s", default=10.0),
         keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=False),
+        failing_after=scrape_section.whole("failing_after", default=3, minimum=1),
     )
     scrape_section.done()
     if scrape.timeout_s > scrape.interval_s:
@@ -155,7 +196,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         max_body_bytes=otlp_section.positive_whole(
             "max_body_bytes", default=defaults.max_body_bytes
         ),
-        bearer_token=otlp_section.text("bearer_token"),
+        bearer_token=_bearer_token(otlp_section),
         mapping=mapping,
     )
     otlp_section.done()
@@ -196,12 +237,4 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
 
 
 def load_config(path: Path) -> Config:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return parse_config(data, source=path)
+    return parse_config(read_toml(path, error=ConfigError), source=path)

@@ -11,14 +11,22 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.health_finding import Finding
 from slo.alert_state import AlertChange
 from slo.status import SloStatus
 
-err_console = Console(stderr=True)
+# Messages are never wrapped by width (a terminal wraps them, a log keeps them whole), and no
+# text is read as markup: paths, config sections such as [slo] and errors are shown as they are.
+err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 # Piped output gets a fixed width, so tables stay readable in files and CI logs.
-out_console = Console() if sys.stdout.isatty() else Console(width=140)
+out_console = Console(markup=False) if sys.stdout.isatty() else Console(width=140, markup=False)
+
+
+def labelled(label: str, text: str, *, style: str = "yellow") -> Text:
+    """A message line: a styled label, then `text` exactly as given."""
+    return Text.assemble((label, style), " ", text)
 
 
 def _clean(value: Any) -> Any:
@@ -234,9 +242,10 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
     return table
 
 
-def demo_summary(summary: dict[str, Any]) -> str:
+def demo_summary(summary: dict[str, Any]) -> Text:
     """The demo's closing words: what happened, what it means, where the files are."""
-    lines = ["", "[bold]servewatch demo (emulated fleet)[/]"]
+    title = "servewatch demo (emulated fleet)"
+    lines = ["", title]
     recorded = summary["recorded"]
     lines.append(
         f"recorded {recorded['hours']:g} h: {recorded['requests']:,} requests, "
@@ -271,7 +280,9 @@ def demo_summary(summary: dict[str, Any]) -> str:
         )
     lines.append(f"files: report {summary['report']}, decision record {summary['decision_record']}")
     lines.append(f"       store {summary['store']}, recording {summary['fixture']}")
-    return "\n".join(lines)
+    text = Text("\n".join(lines))
+    text.stylize("bold", 1, 1 + len(title))
+    return text
 
 
 def _evidence_text(finding: Finding, *, limit: int = 4) -> str:

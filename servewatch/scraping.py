@@ -8,8 +8,10 @@ pages to the store writer in batches through `PageBatcher`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
 from collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome, default_client
@@ -19,6 +21,9 @@ from collectors.store_writer import StoreWriter
 from collectors.targets import FileSdSource, Target, merge_targets
 from pipeline.store import Store
 from servewatch.config import Config, ScrapeSettings
+
+log = logging.getLogger("servewatch.targets")
+LISTED_FAILING = 10  # failing targets named in a health answer; the rest are counted
 
 
 class TargetResolver:
@@ -38,6 +43,104 @@ class TargetResolver:
             if source.error:
                 problems.append(source.error)
         return merge_targets([list(config.targets), *(s.targets for s in sources)]), problems
+
+
+@dataclass
+class _Streak:
+    target: Target
+    failures: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    """What `/healthz` says: `ok` is false when no target answered."""
+
+    ok: bool
+    text: str
+
+
+class TargetHealth:
+    """Which targets are failing: a target is failing once its last `failing_after` scrapes
+    all failed. Each streak is warned about once when it starts and noted when it ends, and so
+    is the moment every target is failing. Safe across threads (the scrape loop records; the
+    health endpoint, the self-metrics and the targets job read)."""
+
+    def __init__(self, *, failing_after: int) -> None:
+        self.failing_after = failing_after
+        self._lock = threading.Lock()
+        self._streaks: dict[str, _Streak] = {}
+        self._none_answered = False
+
+    def keep(self, targets: Sequence[Target]) -> None:
+        """Follow these targets; forget the streaks of any others."""
+        with self._lock:
+            self._streaks = {
+                t.target_id: self._streaks.get(t.target_id) or _Streak(t) for t in targets
+            }
+
+    def record(self, result: ScrapeResult) -> None:
+        with self._lock:
+            streak = self._streaks.get(result.target.target_id)
+            if streak is None:  # a scrape that ended after its target left the configuration
+                return
+            if result.ok:
+                if streak.failures >= self.failing_after:
+                    log.info(
+                        "target %s answers again after %d failed scrapes",
+                        _name(streak.target),
+                        streak.failures,
+                    )
+                streak.failures, streak.error = 0, None
+                self._none_answered = False
+                return
+            streak.failures += 1
+            streak.error = result.error
+            if streak.failures == self.failing_after:
+                log.warning(
+                    "target %s failed %d scrapes in a row: %s",
+                    _name(streak.target),
+                    streak.failures,
+                    streak.error,
+                )
+            if not self._none_answered and len(self._failing()) == len(self._streaks):
+                self._none_answered = True
+                log.warning(
+                    "no target answered: all %d targets failed their last %d scrapes",
+                    len(self._streaks),
+                    self.failing_after,
+                )
+
+    def failing_count(self) -> int:
+        with self._lock:
+            return len(self._failing())
+
+    def answer(self) -> HealthAnswer:
+        """ok while no target is failing; degraded (still ok) while some are; not ok when
+        every target is failing."""
+        with self._lock:
+            failing = self._failing()
+            total = len(self._streaks)
+        if not failing:
+            return HealthAnswer(ok=True, text="ok")
+        listed = "; ".join(
+            f"{_name(s.target, url=False)} ({s.error})" for s in failing[:LISTED_FAILING]
+        )
+        if len(failing) > LISTED_FAILING:
+            listed += f"; {len(failing) - LISTED_FAILING} more"
+        summary = f"{len(failing)} of {total} targets failing: {listed}"
+        if len(failing) == total:
+            return HealthAnswer(ok=False, text=f"no target answered: {summary}")
+        return HealthAnswer(ok=True, text=f"degraded: {summary}")
+
+    def _failing(self) -> list[_Streak]:
+        return [s for s in self._streaks.values() if s.failures >= self.failing_after]
+
+
+def _name(target: Target, *, url: bool = True) -> str:
+    if target.replica is None:
+        return target.url
+    return f"{target.replica} ({target.url})" if url else target.replica
 
 
 def resolve_targets(config: Config) -> tuple[list[Target], list[str]]:

@@ -44,7 +44,13 @@ from servewatch.config import Config, ConfigError, load_config
 from servewatch.health_service import evaluate_findings
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
-from servewatch.scraping import PageBatcher, TargetResolver, page_of, scheduled_targets
+from servewatch.scraping import (
+    PageBatcher,
+    TargetHealth,
+    TargetResolver,
+    page_of,
+    scheduled_targets,
+)
 from servewatch.slo_service import evaluate, load_specs
 from slo.alertmanager import AlertmanagerNotifier
 from slo.spec import SloSpec
@@ -81,6 +87,11 @@ class SelfMetrics:
         )
         self.scrape_targets = Gauge(
             "servewatch_scrape_targets", "Targets on the scrape schedule.", registry=r
+        )
+        self.targets_failing = Gauge(
+            "servewatch_targets_failing",
+            "Targets whose last scrape.failing_after scrapes all failed.",
+            registry=r,
         )
         self.samples = Counter("servewatch_samples_ingested", "Samples stored.", registry=r)
         self.malformed = Counter(
@@ -122,15 +133,17 @@ def _slo_specs(config: Config) -> tuple[SloSpec, ...]:
 
 class ScrapeRecorder:
     """The scrape loop's observer: lag, duration and skipped slots into the self-metrics,
-    pages to the store writer in batches."""
+    each result to the targets' health, pages to the store writer in batches."""
 
-    def __init__(self, metrics: SelfMetrics, pages: PageBatcher) -> None:
+    def __init__(self, metrics: SelfMetrics, pages: PageBatcher, health: TargetHealth) -> None:
         self.metrics = metrics
         self.pages = pages
+        self.health = health
 
     def scraped(self, outcome: ScrapeOutcome) -> None:
         self.metrics.scrape_lag.observe(outcome.lag_s)
         self.metrics.scrape_duration.observe(outcome.result.duration_s)
+        self.health.record(outcome.result)
         self.pages.add(page_of(outcome.result))
 
     def skipped(self, target: Target, slots: int) -> None:
@@ -182,7 +195,11 @@ class Service:
             keep_uncatalogued=lambda: self.state.config.scrape.keep_uncatalogued,
             on_report=self._ingested,
         )
-        self.scrape_loop = ScrapeLoop(ScrapeRecorder(self.metrics, self.pages), now=now)
+        self.target_health = TargetHealth(failing_after=config.scrape.failing_after)
+        self.metrics.targets_failing.set_function(self.target_health.failing_count)
+        self.scrape_loop = ScrapeLoop(
+            ScrapeRecorder(self.metrics, self.pages, self.target_health), now=now
+        )
         self.scheduler = BackgroundScheduler(job_defaults=JOB_DEFAULTS, timezone="UTC")
         self.http_client = httpx.Client(timeout=10)
         self._health_server: ThreadingHTTPServer | None = None
@@ -219,6 +236,8 @@ class Service:
         targets, problems = self.resolver.resolve(self.state.config)
         for problem in problems:
             log.warning("targets: %s", problem)
+        self.target_health.failing_after = self.state.config.scrape.failing_after
+        self.target_health.keep(targets)
         self.scrape_loop.set_targets(scheduled_targets(targets, self.state.config.scrape))
         self.metrics.scrape_targets.set(self.scrape_loop.target_count)
 
@@ -329,7 +348,7 @@ class Service:
                 minute=int(minute),
             )
         self.scheduler.start()
-        self._health_server = _serve_health(self.metrics, port=health_port)
+        self._health_server = serve_health(self.metrics, self.target_health, port=health_port)
 
     def stop(self) -> None:
         """Finish the running jobs, flush every pending write, close everything."""
@@ -353,17 +372,23 @@ class Service:
             self.stop()
 
 
-def _serve_health(metrics: SelfMetrics, *, port: int) -> ThreadingHTTPServer:
+def serve_health(metrics: SelfMetrics, health: TargetHealth, *, port: int) -> ThreadingHTTPServer:
+    """/metrics (the self-metrics) and /healthz on 127.0.0.1: 200 "ok", 200 "degraded: ..."
+    while some targets are failing, 503 "no target answered: ..." while all are."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            status = 200
             if self.path == "/healthz":
-                body, content_type = b"ok\n", "text/plain"
+                answer = health.answer()
+                status = 200 if answer.ok else 503
+                body, content_type = f"{answer.text}\n".encode(), "text/plain; charset=utf-8"
             elif self.path == "/metrics":
                 body, content_type = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
             else:
                 self.send_error(404)
                 return
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

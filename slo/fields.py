@@ -10,13 +10,38 @@ paged.
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Mapping, Sequence
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar, overload
 
 from slo.durations import parse_duration_s
 
 E = TypeVar("E", bound=Enum)
+
+
+def read_text(path: Path, *, error: type[ValueError], language: str) -> str:
+    """The UTF-8 text of a configuration file; raises `error` naming the file when it cannot be
+    read, or the line of the first byte that is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise error(f"{path}: line {line}: not UTF-8 text ({language} files are UTF-8)") from exc
+
+
+def read_toml(path: Path, *, error: type[ValueError]) -> dict[str, Any]:
+    """The tables of a TOML file, with `read_text`'s errors and TOML's own (line and column)."""
+    text = read_text(path, error=error, language="TOML")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML: {exc}") from exc
 
 
 class SpecError(ValueError):

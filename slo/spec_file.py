@@ -17,7 +17,7 @@ import yaml
 
 from slo.buckets import VLLM_DEFAULT_BUCKETS, LatencyMetric, bucket_bound, not_a_bound_message
 from slo.durations import format_duration
-from slo.fields import Fields, SpecError
+from slo.fields import Fields, SpecError, read_text
 from slo.spec import (
     PERIODS_S,
     SCOPE_KEYS,
@@ -43,10 +43,7 @@ Buckets = Mapping[LatencyMetric, Sequence[float]]
 
 def read_yaml_documents(path: Path) -> list[Any]:
     """Every YAML document in `path` (OpenSLO files often hold several)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_text(path, error=SpecError, language="YAML")
     try:
         return [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:

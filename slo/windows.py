@@ -10,14 +10,13 @@ burn_threshold = budget_ratio * period / long_window (14.4 for 2 % in 1 h of 30 
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from slo.durations import format_duration
-from slo.fields import Fields, SpecError
+from slo.fields import Fields, SpecError, read_toml
 
 DEFAULT_WINDOWS_PATH = Path(__file__).with_name("burn_windows.toml")
 # The workbook pairs each long window with one twelfth of it as the short window.
@@ -101,13 +100,7 @@ def burn_windows_from_items(items: Sequence[Fields]) -> tuple[BurnWindow, ...]:
 
 def load_burn_windows(path: Path = DEFAULT_WINDOWS_PATH) -> tuple[BurnWindow, ...]:
     """The table in a TOML file of `[[windows]]` rows (see `burn_windows.toml`)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
-    root = Fields(data, where=str(path))
+    root = Fields(read_toml(path, error=SpecError), where=str(path))
     windows = burn_windows_from_items(root.items("windows", required=True))
     root.done()
     if not windows:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -32,7 +35,9 @@ def test_every_command_has_help(runner: CliRunner, command: list[str]) -> None:
 
 
 def test_sli_on_an_empty_store_says_so(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["--db", str(tmp_path / "e.duckdb"), "sli", "--json"])
+    db = tmp_path / "e.duckdb"
+    Store.open(db).close()
+    result = runner.invoke(app, ["--db", str(db), "sli", "--json"])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["overall"]["requests"] == 0
     assert "ingest traces first" in result.stderr
@@ -144,3 +149,72 @@ def test_size_without_demand_is_a_usage_error(runner: CliRunner) -> None:
     result = runner.invoke(app, ["size", "--capacity-req-per-min", "40"])
     assert result.exit_code == 2
     assert "--demand-req-per-min" in result.stderr
+
+
+def servewatch_at_width(args: list[str], *, columns: int) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it, in a terminal `columns` wide (rich reads COLUMNS once)."""
+    return subprocess.run(
+        [sys.executable, "-m", "servewatch.cli", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"COLUMNS": str(columns)},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_an_error_is_one_line_at_any_terminal_width(tmp_path: Path) -> None:
+    config = tmp_path / ("a-rather-long-folder-name-" * 8) / "servewatch.toml"
+    config.parent.mkdir()
+    config.write_text("[scrape]\ninterval_s = 15\n", encoding="utf-8")
+    args = ["scrape", "--config", str(config), "--once"]
+    narrow, wide = (servewatch_at_width(args, columns=c) for c in (40, 300))
+    assert narrow.returncode == wide.returncode == 2
+    assert narrow.stderr == wide.stderr == f"error: {config}: no targets to scrape\n"
+
+
+def test_help_keeps_every_word_and_bracket_in_a_narrow_terminal() -> None:
+    result = servewatch_at_width(["slo", "status", "--help"], columns=40)
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "servewatch.toml ([slo] files, store path)." in text
+    assert (
+        "Budget remaining and consumed, burn rate per alert window, time to exhaustion and "
+        "alert state of every SLO, exact from per-minute good and total counts."
+    ) in text
+    listing = servewatch_at_width(["--help"], columns=40)
+    assert listing.returncode == 0
+    text = " ".join(listing.stdout.split())
+    assert (
+        "Replay a recorded fixture into the store: its spans and every page, scrape by scrape."
+    ) in text
+    commands = listing.stdout.split("Commands:", 1)[1]
+    assert "..." not in commands
+
+
+def test_square_brackets_in_an_error_are_shown(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--db", str(tmp_path / "x.duckdb"), "slo", "status"])
+    assert result.exit_code == 2
+    assert "under [slo] files" in result.stderr
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_bytes(b"[scrape]\ninterval_s = 15 # \xff\n")
+    result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {config}: line 2: not UTF-8 text (TOML files are UTF-8)\n"
+
+
+def test_invalid_toml_is_one_line_naming_the_file_and_line(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_text("[scrape]\ninterval_s = = 15\n", encoding="utf-8")
+    result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {config}: not valid TOML: ")
+    assert "line 2" in result.stderr
+    assert result.stderr.count("\n") == 1

@@ -44,6 +44,7 @@ def test_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.store_path == tmp_path / "data" / "fleet.duckdb"
     assert config.scrape.interval_s == 30
+    assert config.scrape.failing_after == 3
     (target,) = config.targets
     assert (target.kind, target.replica, target.gpus) == (TargetKind.VLLM, "vllm-0", 2)
     assert config.file_sd == (tmp_path / "targets" / "dcgm.json",)
@@ -86,6 +87,33 @@ def test_empty_config_gives_defaults() -> None:
             "otlp.mapping.replica_keys: must be a list",
         ),
         ({"file_sd": [{}]}, "file_sd[0].path: is required"),
+        ({"scrape": {"failing_after": 0}}, "scrape.failing_after: must be a whole number >= 1"),
+        (
+            {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpus": -1}]},
+            "targets[0].gpus: must be a positive whole number, got -1",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpus": 0}]},
+            "targets[0].gpus: must be a positive whole number, got 0",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpus": 1.5}]},
+            "targets[0].gpus: must be a positive whole number, got 1.5",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "ftp://a/metrics"}]},
+            "targets[0].url: must be an http:// or https:// URL with a host, got 'ftp://a/metrics'",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "http:///metrics"}]},
+            "targets[0].url: must be an http:// or https:// URL with a host",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "127.0.0.1:8000/metrics"}]},
+            "targets[0].url: must be an http:// or https:// URL with a host",
+        ),
+        ({"otlp": {"bearer_token": "s\u00e9cret"}}, "otlp.bearer_token: must be printable ASCII"),
+        ({"otlp": {"bearer_token": "two words"}}, "otlp.bearer_token: must be printable ASCII"),
         ({"sloz": {}}, "sloz: unknown setting"),
     ],
 )
@@ -103,6 +131,21 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("[store\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_a_token_error_does_not_show_the_token() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"otlp": {"bearer_token": "hunter\u00e92"}}, source=None)
+    assert "hunter" not in str(caught.value)
+    assert "character 7" in str(caught.value)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "servewatch.toml"
+    path.write_bytes(b"[scrape]\ninterval_s = 15\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: line 3: not UTF-8 text (TOML files are UTF-8)"
 
 
 def test_the_documented_example_parses() -> None:

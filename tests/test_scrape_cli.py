@@ -107,3 +107,20 @@ replica = "vllm-0"
     gaps_s = scrapes["ts"].diff().drop_nulls().dt.total_microseconds() / 1e6
     # One scrape per slot: never two within the same interval, never stacked.
     assert gaps_s.min() > 0.5
+
+
+def test_scrape_once_fails_when_no_target_answers(tmp_path: Path, runner: CliRunner) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        '[store]\npath = "fleet.duckdb"\n[scrape]\ntimeout_s = 2\n'
+        + "".join(
+            f'[[targets]]\nkind = "vllm"\nurl = "http://127.0.0.1:{free_port()}/metrics"\n'
+            for _ in range(3)
+        ),
+        encoding="utf-8",
+    )
+    result = runner.invoke(app, ["scrape", "--config", str(config), "--once"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("stored 3 pages: 0 samples, 3 failed")
+    assert result.stderr.count("failed http://127.0.0.1:") == 3
+    assert result.stderr.endswith("error: no target answered: all 3 scrapes failed\n")

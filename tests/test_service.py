@@ -3,11 +3,13 @@ real OTLP exports, one writer per store, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -15,9 +17,12 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from collectors.scraper import ScrapeResult
+from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import ingest_trace_files
 from pipeline.store import Store
-from servewatch.service import Service
+from servewatch.scraping import TargetHealth
+from servewatch.service import SelfMetrics, Service, serve_health
 from tests.conftest import FIXTURES, free_port
 from tests.test_otlp_receiver import make_spans
 
@@ -202,3 +207,143 @@ def test_report_and_recommendation_jobs_write_their_outputs(tmp_path: Path) -> N
         assert service.store.count("recommendations") == 1
     finally:
         service.stop()
+
+
+def dead_targets_config(tmp_path: Path, *, count: int, failing_after: int) -> Path:
+    targets = "".join(
+        f'[[targets]]\nkind = "vllm"\nreplica = "vllm-{i}"\n'
+        f'url = "http://127.0.0.1:{free_port()}/metrics"\n'
+        for i in range(count)
+    )
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "s.duckdb"}"\n'
+        f"[scrape]\ninterval_s = 1\ntimeout_s = 1\nfailing_after = {failing_after}\n"
+        f'[otlp]\nlisten = "127.0.0.1:{free_port()}"\n{targets}',
+        encoding="utf-8",
+    )
+    return config
+
+
+def scrape_result(target: Target, *, error: str | None) -> ScrapeResult:
+    return ScrapeResult(
+        target=target,
+        started_ts=datetime(2026, 11, 18, 11, 0),
+        duration_s=0.01,
+        body=None if error else "vllm:num_requests_running 1\n",
+        openmetrics=False,
+        error=error,
+    )
+
+
+TARGETS = [
+    Target(
+        f"http://10.0.0.{i}:8000/metrics",
+        TargetKind.VLLM,
+        f"http://10.0.0.{i}:8000/metrics",
+        replica=f"vllm-{i}",
+    )
+    for i in range(3)
+]
+REFUSED = "ConnectError: connection refused"
+
+
+def test_a_failing_streak_is_warned_once_and_its_recovery_noted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    health = TargetHealth(failing_after=3)
+    health.keep(TARGETS)
+    for _ in range(2):
+        health.record(scrape_result(TARGETS[0], error=REFUSED))
+    assert health.failing_count() == 0
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    for _ in range(3):  # the third failure in a row warns; the fourth and fifth do not again
+        health.record(scrape_result(TARGETS[0], error=REFUSED))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"target vllm-0 ({TARGETS[0].url}) failed 3 scrapes in a row: {REFUSED}"]
+    assert health.failing_count() == 1
+    caplog.clear()
+    health.record(scrape_result(TARGETS[0], error=None))
+    assert [r.getMessage() for r in caplog.records] == [
+        "target vllm-0 (http://10.0.0.0:8000/metrics) answers again after 5 failed scrapes"
+    ]
+    assert health.failing_count() == 0
+
+
+def test_healthz_says_degraded_then_no_target_answered() -> None:
+    port = free_port()
+    metrics = SelfMetrics()
+    health = TargetHealth(failing_after=1)
+    health.keep(TARGETS)
+    metrics.targets_failing.set_function(health.failing_count)
+    server = serve_health(metrics, health, port=port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert httpx.get(f"{url}/healthz").text == "ok\n"
+        health.record(scrape_result(TARGETS[1], error=REFUSED))
+        degraded = httpx.get(f"{url}/healthz")
+        assert degraded.status_code == 200
+        assert degraded.text == (
+            "degraded: 1 of 3 targets failing: vllm-1 (ConnectError: connection refused)\n"
+        )
+        health.record(scrape_result(TARGETS[0], error=REFUSED))
+        health.record(scrape_result(TARGETS[2], error="ReadTimeout: timed out"))
+        down = httpx.get(f"{url}/healthz")
+        assert down.status_code == 503
+        assert down.text == (
+            "no target answered: 3 of 3 targets failing: vllm-0 (ConnectError: connection "
+            "refused); vllm-1 (ConnectError: connection refused); vllm-2 (ReadTimeout: timed "
+            "out)\n"
+        )
+        assert metric_value(httpx.get(f"{url}/metrics").text, "servewatch_targets_failing") == 3
+        health.keep(TARGETS[:1])  # targets gone from the configuration are forgotten
+        assert health.failing_count() == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_target_answering_is_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    health = TargetHealth(failing_after=2)
+    health.keep(TARGETS)
+    for _ in range(3):
+        for target in TARGETS:
+            health.record(scrape_result(target, error=REFUSED))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings.count("no target answered: all 3 targets failed their last 2 scrapes") == 1
+
+
+@pytest.mark.slow
+def test_run_with_every_target_dead_warns_and_reports_unhealthy(tmp_path: Path) -> None:
+    health_port = free_port()
+    config = dead_targets_config(tmp_path, count=2, failing_after=2)
+    process = subprocess.Popen(
+        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        text=True,
+    )
+    try:
+        health = f"http://127.0.0.1:{health_port}"
+
+        def unhealthy() -> bool:
+            try:
+                return httpx.get(f"{health}/healthz", timeout=1).status_code == 503
+            except httpx.HTTPError:
+                return False
+
+        poll(unhealthy, deadline_s=30, what="/healthz to answer 503")
+        assert httpx.get(f"{health}/healthz", timeout=1).text.startswith(
+            "no target answered: 2 of 2 targets failing: vllm-0 (ConnectError"
+        )
+        text = httpx.get(f"{health}/metrics", timeout=1).text
+        assert metric_value(text, "servewatch_targets_failing") == 2
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "target vllm-0 (http://127.0.0.1:" in stderr
+    assert "failed 2 scrapes in a row: ConnectError" in stderr
+    assert "no target answered: all 2 targets failed their last 2 scrapes" in stderr

@@ -71,7 +71,15 @@ def test_scheme_and_metrics_path_labels() -> None:
         ('[{"targets": ["a:1"]}]', "label kind is None"),
         (
             '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "two"}}]',
-            "gpus must be a whole",
+            "label gpus must be a positive whole number, got 'two'",
+        ),
+        (
+            '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "-1"}}]',
+            "label gpus must be a positive whole number, got '-1'",
+        ),
+        (
+            '[{"targets": ["a:1"], "labels": {"kind": "vllm", "__scheme__": "ftp"}}]',
+            "[0].targets[0]: target URL must be an http:// or https:// URL with a host, got 'ftp:",
         ),
         ('[{"targets": [""], "labels": {"kind": "vllm"}}]', "[0].targets[0]: target address"),
     ],
