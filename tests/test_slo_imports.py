@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,10 @@ SLOTH_LATENCY = {
 
 
 def sloth_with(**changes: Any) -> dict[str, Any]:
-    slo = {**SLOTH_LATENCY["slos"][0], **changes}
-    return {**SLOTH_LATENCY, "slos": [slo]}
+    """A deep copy of SLOTH_LATENCY with `changes` to its SLO: a test may edit what it gets."""
+    document = copy.deepcopy(SLOTH_LATENCY)
+    document["slos"][0].update(changes)
+    return document
 
 
 @pytest.mark.parametrize(
