@@ -94,7 +94,7 @@ def test_a_batch_commit_resolves_after_the_insert_and_merged_batches_share_it() 
         writer.submit_task(lambda s: gate.wait())
         first = writer.submit(request_rows(["a" * 16]), [])
         second = writer.submit(request_rows(["b" * 16]), [])
-        with pytest.raises(NotCommittedError, match="did not commit the batch within 0.01 s"):
+        with pytest.raises(NotCommittedError, match=r"did not commit the batch within 0\.01 s"):
             first.wait(0.01)
         gate.set()
         first.wait(10)
