@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import Message
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Protocol
 
@@ -108,7 +107,7 @@ class ExportOutcome:
 def _error(status: int, message: str) -> ExportOutcome:
     # OTLP answers errors with a google.rpc.Status; a JSON message is what clients log.
     body = json.dumps({"code": status, "message": message}).encode()
-    retry_after_s = RETRY_AFTER_S if status == HTTPStatus.SERVICE_UNAVAILABLE else None
+    retry_after_s = RETRY_AFTER_S if status == 503 else None
     return ExportOutcome(status, JSON, body, retry_after_s=retry_after_s)
 
 
@@ -144,9 +143,9 @@ def _check_authorization(authorization: str | None, config: ReceiverConfig) -> N
 
 
 def _token_matches(authorization: str, token: str) -> bool:
-    """Compared as bytes: compare_digest refuses str with non-ASCII characters. The header
-    server decodes header bytes as Latin-1, so a client sending the token's UTF-8 matches
-    through the header's Latin-1 bytes, and one sending Latin-1 (Python clients) as text."""
+    """Compared as bytes: compare_digest refuses str with non-ASCII characters. http.server
+    decodes header bytes as Latin-1, so a client sending the token's UTF-8 (Go) matches through
+    the header's Latin-1 bytes, and one sending Latin-1 (Python's http.client) as text."""
     expected = f"Bearer {token}".encode()
     try:
         wire = authorization.encode("latin-1")
@@ -359,6 +358,8 @@ class OtlpHttpReceiver:
                 if sent_body and length.isascii() and length.isdigit():
                     size = int(length) if len(length) < 8 else DISCARD_BYTES + 1
                     if size <= DISCARD_BYTES:
+                        # A client that is not sending its body holds the thread briefly only.
+                        self.connection.settimeout(min(1.0, receiver.config.read_timeout_s))
                         self.rfile.read(size)
 
             def handle_expect_100(self) -> bool:

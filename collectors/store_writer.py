@@ -133,10 +133,10 @@ class StoreWriter:
     def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
         """Request rows and rejects from a trace batch (the OTLP receiver's sink); the commit
         is resolved once they are written, or at once if the writer is closing."""
-        commit = TraceCommit()
         with self._closing_lock:
             if self._closing:
                 return TraceCommit.refused("the store writer is stopping")
+            commit = TraceCommit()
             self._queue.put(_TraceBatch(rows, rejects, commit))
         return commit
 
