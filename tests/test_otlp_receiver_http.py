@@ -80,10 +80,12 @@ def test_an_export_is_answered_only_once_its_spans_are_committed() -> None:
         writer.submit_task(lambda s: gate.wait())  # the writer is busy: nothing commits
         sock.sendall(f"{export_head(BODY)}\r\n".encode() + BODY)
         sock.settimeout(0.5)
-        with pytest.raises(TimeoutError):
-            sock.recv(1)  # no answer while the spans are only queued
+        try:
+            with pytest.raises(TimeoutError):
+                sock.recv(1)  # no answer while the spans are only queued
+        finally:
+            gate.set()  # also when the check fails, or the writer would never close
         sock.settimeout(10)
-        gate.set()
         assert response(sock).status == 200
         seen: list[int] = []
         writer.submit_task(lambda s: seen.append(s.count("requests")))
