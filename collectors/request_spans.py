@@ -4,12 +4,19 @@ vLLM emits one SERVER span per finished request, attributes in seconds and token
 replica, host, zone, pool or tenant is found depends on the deployment (resource attributes
 from OTEL_RESOURCE_ATTRIBUTES, or span attributes set by a gateway), so `SpanMapping` names
 the keys to try, span attributes first, then resource attributes.
+
+A span is refused (`SpanMappingError`, that span only) unless it makes a row the store and the
+SLIs can hold: latencies finite and non-negative, TTFT not after the end (e2e), counts within
+BIGINT, and times from 1970 to before 2^63 ns (2262, what a nanosecond timestamp holds), the
+end not before the start.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import polars as pl
 
@@ -30,6 +37,8 @@ LATENCY_KEYS = {
     "inference_s": "gen_ai.latency.time_in_model_inference",
 }
 REQUIRED_LATENCIES = ("ttft_s", "e2e_s")
+# Span times are unix nanoseconds held in an Int64 (then microsecond TIMESTAMPs); counts BIGINT.
+INT64_LIMIT = 1 << 63
 
 
 class SpanMappingError(ValueError):
@@ -92,7 +101,13 @@ def _number(attrs: Mapping[str, AttrValue], key: str) -> float | None:
     if type(value) is float or (isinstance(value, int) and not isinstance(value, bool)):
         if value < 0:
             raise SpanMappingError(f"attribute {key} is negative: {value}")
-        return float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past any float
+            seconds = math.inf
+        if not math.isfinite(seconds):
+            raise SpanMappingError(f"attribute {key} must be a finite number, got {value}")
+        return seconds
     raise SpanMappingError(f"attribute {key} must be a number, got {value!r}")
 
 
@@ -101,19 +116,26 @@ def _count(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> int | None:
         value = attrs.get(key)
         if value is None:
             continue
-        if type(value) is int and value >= 0:
-            return value
-        if isinstance(value, float) and value.is_integer() and value >= 0:
-            return int(value)
+        if type(value) is int or (isinstance(value, float) and value.is_integer()):
+            if 0 <= value < INT64_LIMIT:
+                return int(value)
+            if value > 0:
+                raise SpanMappingError(f"attribute {key} is too large for a count: {value!r}")
         raise SpanMappingError(f"attribute {key} must be a non-negative count, got {value!r}")
     return None
 
 
 def _plain_floats(values: list[AttrValue]) -> bool:
-    """All present and non-negative floats: the common case, which needs no further checks."""
+    """All present, finite and non-negative floats: the common case, which needs no further
+    checks."""
     try:
-        # min() fails on None and on mixed types; a negative float fails the comparison.
-        return min(values) >= 0.0 and set(map(type, values)) == _FLOAT_ONLY  # type: ignore[type-var, operator]
+        # min() fails on None and on mixed types; a negative float fails the comparison. A sum
+        # of non-negative floats is finite only if none is NaN or infinite.
+        return (
+            min(values) >= 0.0  # type: ignore[type-var, operator]
+            and set(map(type, values)) == _FLOAT_ONLY
+            and sum(values) < math.inf  # type: ignore[arg-type]
+        )
     except TypeError:
         return False
 
@@ -226,15 +248,22 @@ class RequestRows:
         latencies = list(map(get, _LATENCY_ATTRIBUTES))
         if not _plain_floats(latencies):
             latencies = [_number(attrs, key) for key in _LATENCY_ATTRIBUTES]
-        if latencies[0] is None or latencies[1] is None:  # ttft_s, e2e_s
-            missing = LATENCY_KEYS["ttft_s" if latencies[0] is None else "e2e_s"]
+        # Either path leaves floats or None.
+        ttft, e2e = cast("float | None", latencies[0]), cast("float | None", latencies[1])
+        if ttft is None or e2e is None:
+            missing = LATENCY_KEYS["ttft_s" if ttft is None else "e2e_s"]
             raise SpanMappingError(f"missing attribute {missing}")
+        if ttft > e2e:
+            raise SpanMappingError(
+                f"attribute {LATENCY_KEYS['ttft_s']} ({ttft}) exceeds {LATENCY_KEYS['e2e_s']} "
+                f"({e2e}): the first token cannot come after the request ended"
+            )
         # The legacy token names come first and are what vLLM sends: try them directly.
         prompt_tokens = get(PROMPT_TOKENS_KEYS[0])
-        if type(prompt_tokens) is not int or prompt_tokens < 0:
+        if type(prompt_tokens) is not int or not 0 <= prompt_tokens < INT64_LIMIT:
             prompt_tokens = _count(attrs, PROMPT_TOKENS_KEYS)
         completion_tokens = get(COMPLETION_TOKENS_KEYS[0])
-        if type(completion_tokens) is not int or completion_tokens < 0:
+        if type(completion_tokens) is not int or not 0 <= completion_tokens < INT64_LIMIT:
             completion_tokens = _count(attrs, COMPLETION_TOKENS_KEYS)
         if completion_tokens is None:
             raise SpanMappingError(f"missing attribute {COMPLETION_TOKENS_KEYS[0]}")
@@ -242,8 +271,15 @@ class RequestRows:
             raise SpanMappingError("span has no start time (startTimeUnixNano is 0 or absent)")
         if end_ns < start_ns:
             raise SpanMappingError("span ends before it starts")
+        if start_ns < 0 or end_ns >= INT64_LIMIT:
+            raise SpanMappingError(
+                f"span times must be unix nanoseconds from 0 to below 2^63 (the year 2262), got "
+                f"start {start_ns} and end {end_ns}"
+            )
         max_tokens = get(_MAX_TOKENS_KEYS[0])
-        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
+        if max_tokens is not None and (
+            type(max_tokens) is not int or not 0 <= max_tokens < INT64_LIMIT
+        ):
             max_tokens = _count(attrs, _MAX_TOKENS_KEYS)
         present = self._span_level_keys.intersection(attrs)
         if present:

@@ -9,6 +9,11 @@ after), so the writer takes the trace batches queued behind the first and keeps 
 up to `linger_s` (0.2 s) or 50,000 rows. A busy receiver so writes a few large inserts a second
 instead of one small insert per export; rows reach the store at most `linger_s` later, and
 `flush()` and `close()` end the wait at once.
+
+`submit` returns a `TraceCommit` that is resolved once the batch's insert has committed (or
+failed): the OTLP receiver answers an export only then, so an acknowledged span is in the store
+file even if the process is killed the next moment. After `close()` begins, submits are
+refused at once (the commit is resolved as failed) rather than queued behind the stop.
 """
 
 from __future__ import annotations
@@ -31,10 +36,50 @@ MAX_MERGED_ROWS = 50_000
 LINGER_S = 0.2
 
 
+class NotCommittedError(Exception):
+    """A submitted trace batch is not in the store: its write failed, the writer was closing,
+    or it was not written in the time waited."""
+
+
+class TraceCommit:
+    """What became of one submitted trace batch; `wait` until its write has committed."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: str | None = None
+
+    @classmethod
+    def refused(cls, reason: str) -> TraceCommit:
+        commit = cls()
+        commit.resolve(reason)
+        return commit
+
+    @classmethod
+    def committed(cls) -> TraceCommit:
+        """An already committed batch (for sinks that keep nothing)."""
+        commit = cls()
+        commit.resolve(None)
+        return commit
+
+    def resolve(self, error: str | None) -> None:
+        """Called once by the writer: `error` None when the batch committed."""
+        self._error = error
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> None:
+        """Return once the batch is committed; raise NotCommittedError if its write failed or
+        is still pending after `timeout_s` seconds."""
+        if not self._done.wait(timeout_s):
+            raise NotCommittedError(f"the store did not commit the batch within {timeout_s:g} s")
+        if self._error is not None:
+            raise NotCommittedError(self._error)
+
+
 @dataclass(frozen=True)
 class _TraceBatch:
     rows: pl.DataFrame
     rejects: list[Reject]
+    commit: TraceCommit
 
 
 class _Flush:
@@ -69,6 +114,9 @@ class StoreWriter:
         self._now = now
         self._queue: queue.Queue[_Item] = queue.Queue()
         self._held: list[_Item] = []  # taken from the queue while merging, runs next
+        # Guards `_closing` with the puts, so that nothing is queued behind the stop.
+        self._closing_lock = threading.Lock()
+        self._closing = False
         self.counters = WriterCounters()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -82,9 +130,15 @@ class StoreWriter:
     def submit_task(self, task: WriteTask) -> None:
         self._queue.put(task)
 
-    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> None:
-        """Request rows and rejects from a trace batch (the OTLP receiver's sink)."""
-        self._queue.put(_TraceBatch(rows, rejects))
+    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
+        """Request rows and rejects from a trace batch (the OTLP receiver's sink); the commit
+        is resolved once they are written, or at once if the writer is closing."""
+        with self._closing_lock:
+            if self._closing:
+                return TraceCommit.refused("the store writer is stopping")
+            commit = TraceCommit()
+            self._queue.put(_TraceBatch(rows, rejects, commit))
+        return commit
 
     def _write_traces(self, store: Store, batches: list[_TraceBatch]) -> None:
         frames = [b.rows for b in batches if b.rows.height]
@@ -120,7 +174,10 @@ class StoreWriter:
         self._queue.join()
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Write everything submitted so far, then stop; later submits are refused."""
+        with self._closing_lock:
+            self._closing = True
+            self._queue.put(None)
         self._thread.join()
 
     def _next(self) -> _Item:
@@ -132,6 +189,7 @@ class StoreWriter:
         while True:
             item = self._next()
             taken = 1
+            batches: list[_TraceBatch] = []
             try:
                 if item is None:
                     return
@@ -142,10 +200,14 @@ class StoreWriter:
                     batches = self._merge(item)
                     taken = len(batches)
                     self._write_traces(self._store, batches)
+                    for batch in batches:
+                        batch.commit.resolve(None)
                 else:
                     item(self._store)
             except Exception as exc:  # noqa: BLE001 (a bad batch must not stop the writer)
                 self.counters.failed_tasks += 1
+                for batch in batches:
+                    batch.commit.resolve(f"the store write failed: {exc}")
                 if self._on_error is not None:
                     self._on_error(exc)
             finally:

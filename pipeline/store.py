@@ -815,8 +815,10 @@ class Store:
         """Insert request rows, ignoring ones already stored (same trace and span id) and
         repeats within the frame (the first is kept).
 
-        Rows are stamped with `ingested_ts` (now) unless they carry one; rollups use it to find
-        what arrived since they last ran. Returns how many rows were new.
+        A stored row counts when its end time lies in the batch's end-time ranges (any delay,
+        same end time) or it was ingested within `RETRY_HORIZON` (any other fields): see
+        docs/design-notes.md. Rows are stamped with `ingested_ts` (now) unless they carry one;
+        rollups use it to find what arrived since they last ran. Returns how many rows were new.
         """
         _check_schema("requests", frame, REQUESTS_SCHEMA)
         if frame.height == 0:
@@ -825,10 +827,13 @@ class Store:
         # that check hashes one column instead of two.
         if frame["span_id"].n_unique() < frame.height:
             frame = frame.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
+        now = self._clock()
         # A stored copy of a span ends when the span ends, so it lies among the stored rows of
-        # the batch's completion times. Those are the only rows compared: requests are stored
-        # roughly in completion order, so DuckDB skips every other row group by its min/max
-        # and the check costs what the batch overlaps, not what the table holds.
+        # the batch's completion times; a copy sent again with other fields (another end time)
+        # lies among the rows ingested lately. Those are the only rows compared: requests are
+        # stored roughly in completion order and exactly in ingest order, so DuckDB skips every
+        # other row group by its min/max and the check costs what the batch overlaps plus the
+        # last RETRY_HORIZON's rows, not what the table holds.
         ranges = end_time_ranges(frame["end_ts"])
         within = " OR ".join(["(r.end_ts >= ? AND r.end_ts <= ?)"] * len(ranges))
         keys = frame.select("trace_id", "span_id")
@@ -836,9 +841,9 @@ class Store:
         try:
             stored: pl.DataFrame = self._con.sql(
                 "SELECT trace_id, span_id FROM incoming_keys i WHERE EXISTS (SELECT 1 FROM "
-                f"requests r WHERE ({within}) AND r.trace_id = i.trace_id "
+                f"requests r WHERE ({within} OR r.ingested_ts >= ?) AND r.trace_id = i.trace_id "
                 "AND r.span_id = i.span_id)",
-                params=[t for r in ranges for t in r],
+                params=[*(t for r in ranges for t in r), now - RETRY_HORIZON],
             ).pl()
         finally:
             self._con.unregister("incoming_keys")
@@ -849,7 +854,7 @@ class Store:
             if frame.height == 0:
                 return 0
         stamped = frame.with_columns(
-            pl.col("ingested_ts").fill_null(pl.lit(self._clock(), dtype=pl.Datetime("us")))
+            pl.col("ingested_ts").fill_null(pl.lit(now, dtype=pl.Datetime("us")))
         ).to_arrow()
         columns = _column_list(REQUESTS_SCHEMA)
         self._con.register("incoming_requests", stamped)
@@ -1655,6 +1660,9 @@ class Store:
 
 # Ranges of end times a requests batch is checked against at most.
 MAX_END_TIME_RANGES = 8
+# How long after a span is stored a copy of it with other fields (another end time) is still
+# recognised: longer than exporters retry (the Collector's exporters give up after 5 minutes).
+RETRY_HORIZON = timedelta(minutes=15)
 
 
 def end_time_ranges(end_ts: pl.Series) -> list[tuple[datetime, datetime]]:

@@ -198,6 +198,15 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         ),
         bearer_token=_bearer_token(otlp_section),
         mapping=mapping,
+        read_timeout_s=otlp_section.positive_number(
+            "read_timeout_s", default=defaults.read_timeout_s
+        ),
+        max_connections=otlp_section.positive_whole(
+            "max_connections", default=defaults.max_connections
+        ),
+        commit_timeout_s=otlp_section.positive_number(
+            "commit_timeout_s", default=defaults.commit_timeout_s
+        ),
     )
     otlp_section.done()
 

@@ -26,6 +26,7 @@ import polars as pl
 from collectors.fixture_recording import FixtureRecording
 from collectors.otlp_receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
 from collectors.scraper import ScrapeResult, scrape_targets
+from collectors.store_writer import TraceCommit
 from collectors.targets import Target
 from collectors.trace_ingest import Reject
 from servewatch.config import Config, ScrapeSettings
@@ -54,8 +55,8 @@ ProgressCallback = Callable[[RecordingProgress], None]
 class _Discard:
     """A recording keeps request bodies, not rows: the receiver's rows go nowhere."""
 
-    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> None:
-        pass
+    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
+        return TraceCommit.committed()
 
 
 async def _fetch(targets: Sequence[Target], settings: ScrapeSettings) -> list[ScrapeResult]:

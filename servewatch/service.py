@@ -33,7 +33,7 @@ from capacity.requirement import load_requirement
 from collectors.metric_ingest import MetricIngestReport
 from collectors.otlp_receiver import OtlpHttpReceiver
 from collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
-from collectors.store_writer import StoreWriter
+from collectors.store_writer import StoreWriter, TraceCommit
 from collectors.targets import Target
 from collectors.trace_ingest import Reject
 from dashboards.export import write_report
@@ -160,10 +160,10 @@ class CountingSink:
         self.writer = writer
         self.metrics = metrics
 
-    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> None:
+    def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
         self.metrics.spans.inc(rows.height)
         self.metrics.spans_rejected.inc(len(rejects))
-        self.writer.submit(rows, rejects)
+        return self.writer.submit(rows, rejects)
 
 
 @dataclass

@@ -32,6 +32,8 @@ path = "targets/dcgm.json"
 [otlp]
 listen = "127.0.0.1:14318"
 bearer_token = "t0k"
+read_timeout_s = 5
+max_connections = 8
 
 [otlp.mapping]
 replica_keys = ["k8s.pod.name"]
@@ -55,6 +57,8 @@ def test_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
     )
     assert config.otlp.mapping.replica_keys == ("k8s.pod.name",)
     assert config.otlp.mapping.host_keys  # defaults kept where not given
+    assert (config.otlp.read_timeout_s, config.otlp.max_connections) == (5, 8)
+    assert config.otlp.commit_timeout_s == 10  # the default
 
 
 def test_empty_config_gives_defaults() -> None:

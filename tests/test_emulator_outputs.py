@@ -28,6 +28,7 @@ from collectors.exposition import parse_exposition
 from collectors.otlp_json import read_trace_file
 from collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig
 from collectors.request_spans import RequestRows
+from collectors.store_writer import TraceCommit
 from collectors.trace_ingest import Reject
 from emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity
 from emulator.failures import FailureKind, FailureSpec
@@ -558,10 +559,11 @@ class FrameSink:
         self.rejects: list[Reject] = []
         self.lock = threading.Lock()
 
-    def submit(self, rows: object, rejects: list[Reject]) -> None:
+    def submit(self, rows: object, rejects: list[Reject]) -> TraceCommit:
         with self.lock:
             self.rows.extend(rows.to_dicts())  # type: ignore[attr-defined]
             self.rejects.extend(rejects)
+        return TraceCommit.committed()
 
 
 def test_spans_reach_an_otlp_http_receiver() -> None:

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from collectors.fixture_recording import otlp_json_line
 from collectors.otlp_receiver import ExportOutcome, OtlpHttpReceiver, ReceiverConfig, handle_export
 from collectors.store_writer import StoreWriter
 from emulator.otlp_jsonl import spans_to_otlp_json
@@ -133,6 +139,85 @@ def test_json_bodies_get_json_answers() -> None:
     assert json.loads(outcome.body)["partialSuccess"]["rejectedSpans"] == "1"
     assert outcome.rows is not None
     assert outcome.rows.height == 2
+
+
+def with_poisoned_span(poison: Callable[[Span], None], *, good: int = 3) -> bytes:
+    """A protobuf export of `good` request spans and one more (span id ee..) made bad by
+    `poison`."""
+    request: ExportTraceServiceRequest = encode_spans(make_spans(good))
+    spans = request.resource_spans[0].scope_spans[0].spans
+    bad = spans.add()
+    bad.CopyFrom(spans[0])
+    bad.span_id = b"\xee" * 8
+    poison(bad)
+    return request.SerializeToString()
+
+
+def setting(key: str, value: float) -> Callable[[Span], None]:
+    def poison(span: Span) -> None:
+        (entry,) = [kv for kv in span.attributes if kv.key == key]
+        entry.value.double_value = value
+
+    return poison
+
+
+def ending_at(end_ns: int) -> Callable[[Span], None]:
+    def poison(span: Span) -> None:
+        span.end_time_unix_nano = end_ns
+
+    return poison
+
+
+TTFT, E2E = "gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e"
+POISONS = {
+    "end at 2^63 ns": (ending_at(2**63), "below 2^63"),
+    "end at 2^64-1 ns": (ending_at(2**64 - 1), "below 2^63"),
+    "NaN TTFT": (setting(TTFT, math.nan), f"attribute {TTFT} must be a finite number"),
+    "+Inf e2e": (setting(E2E, math.inf), f"attribute {E2E} must be a finite number"),
+    "Inf queue": (setting("gen_ai.latency.time_in_queue", math.inf), "must be a finite"),
+    "negative decode": (setting("gen_ai.latency.time_in_model_decode", -0.5), "is negative"),
+    "TTFT over e2e": (setting(TTFT, 1e3), f"{TTFT} (1000.0) exceeds {E2E}"),
+}
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+@pytest.mark.parametrize("poison", sorted(POISONS))
+def test_a_poisoned_span_is_rejected_alone_and_the_good_spans_are_kept(
+    poison: str, encoding: str
+) -> None:
+    mutate, reason = POISONS[poison]
+    body = with_poisoned_span(mutate)
+    if encoding == "json":
+        body = otlp_json_line(body, protobuf=True)
+    outcome = export(body, content_type=f"application/{'x-' * (encoding == 'protobuf')}{encoding}")
+    assert outcome.status == 200
+    assert outcome.rows is not None
+    assert outcome.rows.height == 3
+    assert "ee" * 8 not in outcome.rows["span_id"].to_list()
+    assert all(math.isfinite(v) for v in outcome.rows["ttft_s"].to_list())
+    ((reject),) = outcome.rejects
+    assert reject.location.endswith(f"span {'ee' * 8}")
+    assert reason in reject.message
+
+
+def test_json_values_past_int64_reject_their_span_only() -> None:
+    doc = json.loads(otlp_json_line(protobuf_body(make_spans(4)), protobuf=True))
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["startTimeUnixNano"] = "-5"
+    spans[1]["endTimeUnixNano"] = str(10**30)
+    (tokens,) = [a for a in spans[2]["attributes"] if a["key"].endswith("completion_tokens")]
+    tokens["value"] = {"intValue": str(2**63)}
+    (e2e,) = [a for a in spans[3]["attributes"] if a["key"] == E2E]
+    e2e["value"] = {"intValue": str(10**400)}
+    outcome = export(json.dumps(doc).encode(), content_type="application/json")
+    assert outcome.status == 200
+    assert outcome.rows is not None
+    assert outcome.rows.height == 0
+    messages = [r.message for r in outcome.rejects]
+    assert "below 2^63" in messages[0]
+    assert "below 2^63" in messages[1]
+    assert "too large for a count" in messages[2]
+    assert f"attribute {E2E} must be a finite number" in messages[3]
 
 
 @pytest.fixture

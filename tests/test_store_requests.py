@@ -10,7 +10,14 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from pipeline.store import LATEST_VERSION, MAX_END_TIME_RANGES, MIGRATIONS, Store, end_time_ranges
+from pipeline.store import (
+    LATEST_VERSION,
+    MAX_END_TIME_RANGES,
+    MIGRATIONS,
+    RETRY_HORIZON,
+    Store,
+    end_time_ranges,
+)
 from pipeline.tables import REQUESTS_SCHEMA
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
@@ -64,6 +71,28 @@ def test_replaying_spans_in_other_batches_leaves_the_same_table() -> None:
         once.write_requests(spans(10, seed=8))
         assert stored(twice).equals(stored(once))
         assert twice.count("requests") == 310
+
+
+def test_a_span_resent_with_other_times_within_the_retry_horizon_is_stored_once() -> None:
+    now = [datetime(2026, 11, 18, 11, 0, 0)]
+    rows = spans(20)
+    # The same ids, hours later and otherwise changed: a client that re-stamps its retries.
+    moved = rows.with_columns(
+        pl.col("end_ts") + timedelta(hours=3),
+        pl.col("arrival_ts") + timedelta(hours=2),
+        e2e_s=pl.lit(9.0),
+    )
+    with Store.open(":memory:", clock=lambda: now[0]) as store:
+        assert store.write_requests(rows) == 20
+        now[0] += RETRY_HORIZON - timedelta(seconds=1)
+        assert store.write_requests(moved) == 0
+        assert store.write_requests(pl.concat([moved.head(5), spans(3, seed=9)])) == 3
+        assert stored(store)["e2e_s"].head(20).to_list() == [2.0] * 20
+        # Past the horizon only copies within the batch's end times are recognised.
+        now[0] += timedelta(seconds=2)
+        assert store.write_requests(rows.head(4)) == 0
+        assert store.write_requests(moved.head(4)) == 4
+        assert store.count("requests") == 27
 
 
 def test_end_time_ranges_cover_the_batch_and_leave_out_the_widest_gaps() -> None:

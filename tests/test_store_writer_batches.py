@@ -1,4 +1,5 @@
-"""The store writer merges trace batches queued together into one insert, in order."""
+"""The store writer merges trace batches queued together into one insert, in order, and tells
+each submitter when its batch is committed."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import time
 from datetime import datetime
 
 import polars as pl
+import pytest
 
-from collectors.store_writer import StoreWriter
+from collectors.store_writer import NotCommittedError, StoreWriter
 from collectors.trace_ingest import Reject
 from pipeline.store import Store
 from pipeline.tables import REQUESTS_SCHEMA
@@ -84,3 +86,43 @@ def test_batches_arriving_within_the_linger_share_an_insert_and_flush_ends_the_w
         # One merged write, whether the second batch came during the wait or before it.
         assert writer.counters.tasks == 1
         assert store.count("requests") == 3
+
+
+def test_a_batch_commit_resolves_after_the_insert_and_merged_batches_share_it() -> None:
+    gate = threading.Event()
+    with Store.open(":memory:") as store, StoreWriter(store) as writer:
+        writer.submit_task(lambda s: gate.wait())
+        first = writer.submit(request_rows(["a" * 16]), [])
+        second = writer.submit(request_rows(["b" * 16]), [])
+        with pytest.raises(NotCommittedError, match=r"did not commit the batch within 0\.01 s"):
+            first.wait(0.01)
+        gate.set()
+        first.wait(10)
+        assert store.count("requests") == 2  # both were in the insert that resolved the first
+        second.wait(10)
+        assert writer.counters.tasks == 2
+
+
+def test_a_failed_write_fails_every_commit_of_its_merge_and_the_writer_goes_on() -> None:
+    gate = threading.Event()
+    with Store.open(":memory:") as store, StoreWriter(store) as writer:
+        writer.submit_task(lambda s: gate.wait())
+        good = writer.submit(request_rows(["a" * 16]), [])
+        bad = writer.submit(request_rows(["b" * 16]).drop("source"), [])
+        gate.set()
+        for commit in (good, bad):
+            with pytest.raises(NotCommittedError, match="the store write failed: "):
+                commit.wait(10)
+        writer.submit(request_rows(["c" * 16]), []).wait(10)
+        assert store.read_requests().collect()["span_id"].to_list() == ["c" * 16]
+
+
+def test_a_closing_writer_refuses_new_batches_and_commits_the_queued_ones() -> None:
+    with Store.open(":memory:") as store:
+        writer = StoreWriter(store, linger_s=30.0)
+        queued = writer.submit(request_rows(["a" * 16]), [])
+        writer.close()
+        queued.wait(0)
+        with pytest.raises(NotCommittedError, match="the store writer is stopping"):
+            writer.submit(request_rows(["b" * 16]), []).wait(10)
+        assert store.count("requests") == 1

@@ -125,6 +125,26 @@ def test_broken_request_span_is_rejected_with_its_location(store: Store, tmp_pat
     ]
 
 
+def test_spans_the_store_cannot_hold_are_rejected_and_the_rest_kept(
+    store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "traces.jsonl"
+    far_end = llm_span("b" * 16) | {"endTimeUnixNano": str(2**63)}
+    nan_ttft = llm_span("c" * 16)
+    nan_ttft["attributes"][0]["value"] = {"doubleValue": "NaN"}  # the TTFT
+    late_token = llm_span("d" * 16, **{"gen_ai.latency.time_to_first_token": 2.0})
+    path.write_text(
+        export_line(llm_span("a" * 16), far_end, nan_ttft, late_token) + "\n", encoding="utf-8"
+    )
+    report = ingest_trace_files([path], store=store, now=NOW)
+    assert report.new_requests == 1
+    assert store.read_requests().collect()["span_id"].to_list() == ["a" * 16]
+    messages = [r.message for r in report.rejects]
+    assert "below 2^63" in messages[0]
+    assert "must be a finite number, got nan" in messages[1]
+    assert "(2.0) exceeds gen_ai.latency.e2e (1.2)" in messages[2]
+
+
 def test_unreadable_file_is_a_reject_not_a_crash(store: Store, tmp_path: Path) -> None:
     bad = tmp_path / "broken.jsonl.gz"
     bad.write_bytes(b"not gzip at all")
