@@ -5,10 +5,11 @@ the OTLP receiver, the scraper and the jobs submit writes here instead of touchi
 A failed write is counted and reported through `on_error`, never lost silently, and does not
 stop the writer. Trace batches are written together: a DuckDB insert into the deduplicated
 `requests` table costs about ten milliseconds before its first row (a few microseconds per row
-after), so the writer takes the trace batches queued behind the first and keeps collecting for
-up to `linger_s` (0.2 s) or 50,000 rows. A busy receiver so writes a few large inserts a second
-instead of one small insert per export; rows reach the store at most `linger_s` later, and
-`flush()` and `close()` end the wait at once.
+after), so the writer takes the trace batches queued behind the first and keeps collecting while
+they keep coming: until none arrives for `MERGE_GAP_S` (0.05 s), for at most `linger_s` (0.2 s)
+or 50,000 rows. A busy receiver so writes a few large inserts a second instead of one small
+insert per export, while a lone exporter, which waits for each answer before it sends again,
+waits one gap for its commit, not the whole linger; `flush()` and `close()` end the wait at once.
 
 `submit` returns a `TraceCommit` that is resolved once the batch's insert has committed (or
 failed): the OTLP receiver answers an export only then, so an acknowledged span is in the store
@@ -34,6 +35,7 @@ WriteTask = Callable[[Store], object]  # what a task returns is ignored
 # Trace batches merged into one insert at most; about 50 exports of 1,000 spans.
 MAX_MERGED_ROWS = 50_000
 LINGER_S = 0.2
+MERGE_GAP_S = 0.05
 
 
 class NotCommittedError(Exception):
@@ -151,12 +153,13 @@ class StoreWriter:
             store.write_ingest_errors(rejects_frame(rejects, recorded_ts=self._now()))
 
     def _merge(self, first: _TraceBatch) -> list[_TraceBatch]:
-        """`first` and the trace batches queued behind it or arriving within `linger_s`; the
-        next other item ends the merge and is held."""
+        """`first` and the trace batches queued behind it or arriving within `linger_s`, each
+        within `MERGE_GAP_S` of the one before; the next other item ends the merge and is
+        held."""
         batches, rows = [first], first.rows.height
         deadline = time.monotonic() + self._linger_s
         while rows < MAX_MERGED_ROWS:
-            wait = deadline - time.monotonic()
+            wait = min(deadline - time.monotonic(), MERGE_GAP_S)
             try:
                 item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:

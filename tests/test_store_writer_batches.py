@@ -126,3 +126,11 @@ def test_a_closing_writer_refuses_new_batches_and_commits_the_queued_ones() -> N
         with pytest.raises(NotCommittedError, match="the store writer is stopping"):
             writer.submit(request_rows(["b" * 16]), []).wait(10)
         assert store.count("requests") == 1
+
+
+def test_a_lone_batch_commits_after_one_gap_not_the_whole_linger() -> None:
+    # An exporter waits for each answer before it sends again: were its batch held for the
+    # whole linger (30 s here), every export would take that long.
+    with Store.open(":memory:") as store, StoreWriter(store, linger_s=30.0) as writer:
+        writer.submit(request_rows(["a" * 16]), []).wait(5)
+        assert store.count("requests") == 1
