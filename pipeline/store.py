@@ -70,8 +70,11 @@ _FILE_HEADER_BYTES = 3 * 4096
 _DAMAGED_ADVICE = "restore it from a backup, or pass another --db"
 
 
-def damage_error(location: str, exc: duckdb.Error) -> StoreDamagedError | None:
-    """The error to show when DuckDB's `exc` says the store file is damaged; None otherwise."""
+def damage_error(location: str, exc: BaseException) -> StoreDamagedError | None:
+    """The error to show when `exc` is DuckDB saying the store file is damaged; None for
+    anything else, so callers outside the store need not know DuckDB's exceptions."""
+    if not isinstance(exc, duckdb.Error):
+        return None
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not any(marker in detail.lower() for marker in _DAMAGE_MARKERS):
         return None

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import duckdb
 import httpx
 import polars as pl
 import typer
@@ -213,7 +212,7 @@ def open_store(*, create: bool = False) -> Iterator[Store]:
     with store:
         try:
             yield store
-        except duckdb.Error as exc:
+        except Exception as exc:
             damaged = damage_error(store.path, exc)
             if damaged is None:
                 raise
