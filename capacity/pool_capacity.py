@@ -249,9 +249,12 @@ def pool_capacities(
     by_pool = outcomes.pipe(minute_loads, by=["pool"]).collect()
     by_replica = outcomes.pipe(minute_loads, by=["pool", "replica"]).collect()
     replica_pools = outcomes.select("replica", "pool").unique()
+    # Sorted after the joins, which leave rows in no fixed order: the latency models'
+    # bootstraps draw rows by position, so an unfixed order gave another interval each run.
     models = (
         outcomes.pipe(model_minutes, quantile=spec.target_ratio, running=running, prefix=prefix)
         .join(replica_pools, on="replica", how="inner")
+        .sort("pool", "replica", "minute_ts")
         .collect()
     )
     notes: list[str] = []

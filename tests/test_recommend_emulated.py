@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from capacity.attainment_fit import AttainmentSpec
 from capacity.decision_record import DecisionRecord
+from capacity.pool_capacity import pool_capacities
 from capacity.requirement import Requirement, parse_requirement
 from pipeline.store import Store
 from servewatch.cli import app
@@ -175,3 +177,23 @@ def test_an_unstable_cache_hit_ratio_is_the_riskiest_assumption(
     decode = next(i for i in document["inputs"] if i["path"] == "replica.decode_tokens_per_s")
     pool = document["capacity_by_pool"][0]
     assert decode["value"] == pytest.approx(pool["decode_tokens_per_s_per_replica"])
+
+
+@pytest.mark.parametrize("case", ["knee", "low"])
+def test_the_same_store_gives_the_same_record_and_row_order_changes_no_fit(
+    cases: dict[str, tuple[Path, dict[str, Any]]], case: str
+) -> None:
+    db, _ = cases[case]
+    documents = {
+        json.dumps(recommended(db, RATE_REQUIREMENT).to_json(), sort_keys=True) for _ in range(3)
+    }
+    assert len(documents) == 1
+    # Every bootstrap draws from rows in an order a sort fixes, not the order rows arrive in.
+    spec = AttainmentSpec(ttft_limit_s=1.0, tpot_limit_s=0.1, target_ratio=0.9, seed=3)
+    with Store.open(db) as store:
+        requests = store.read_requests().collect()
+    as_stored, _ = pool_capacities(requests.lazy(), spec=spec, data="stored order")
+    shuffled, _ = pool_capacities(
+        requests.sample(fraction=1.0, shuffle=True, seed=11).lazy(), spec=spec, data="stored order"
+    )
+    assert as_stored == shuffled
