@@ -7,7 +7,8 @@ import random
 import shutil
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -88,29 +89,38 @@ def free_port() -> int:
 SAMPLE_PAGE = (FIXTURES / "samples" / "vllm_metrics_production-stack-issue-617.txt").read_bytes()
 
 
-class _SamplePageHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(SAMPLE_PAGE)))
-        self.end_headers()
-        self.wfile.write(SAMPLE_PAGE)
+@contextmanager
+def serving_pages(pages: Mapping[str, bytes]) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering GET `path` with `pages[path]` as a text
+    exposition page; yields its base URL."""
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     """A real /metrics endpoint on 127.0.0.1 serving the captured vLLM page."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SamplePageHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_pages({"/metrics": SAMPLE_PAGE}) as base_url:
+        yield f"{base_url}/metrics"
 
 
 def stored_tables(db: Path | str) -> dict[str, pl.DataFrame]:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -29,7 +27,7 @@ from collectors.targets import Target, TargetKind
 from pipeline.store import Store
 from servewatch.cli import app
 from servewatch.scraping import PageBatcher, page_of
-from tests.conftest import SAMPLE_PAGE
+from tests.conftest import SAMPLE_PAGE, serving_pages
 
 POISON_LINES = (
     b'vllm:num_requests_running{engine="9"} 1 9223372036854775808\n',
@@ -58,29 +56,10 @@ POISON_PAGE, POISON_LINE_NUMBERS = poisoned(SAMPLE_PAGE)
 PAGES = {"/good-a": SAMPLE_PAGE, "/poison": POISON_PAGE, "/good-b": SAMPLE_PAGE}
 
 
-class _Pages(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = PAGES[self.path]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
 @pytest.fixture
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_pages(PAGES) as url:
+        yield url
 
 
 def stored_per_target(store: Store) -> dict[str, int]:
