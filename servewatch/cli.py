@@ -1246,7 +1246,8 @@ def demo(
     if as_json:
         print_json(summary)
         return
-    out_console.print(demo_summary(summary))
+    # Sentences as lines: a log or terminal wraps them itself, never mid-sentence by us.
+    out_console.print(demo_summary(summary), soft_wrap=True)
 
 
 def main() -> None:
