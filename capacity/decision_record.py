@@ -101,6 +101,14 @@ class DecisionRecord:
             f". Admit at most {fmt(row.max_admission)} {unit} to keep that promise (healthy "
             f"capacity is {fmt(row.healthy_capacity)} {unit})."
         )
+        today = len(table.spec.initial.hosts)
+        if today and row.hosts != today:
+            change = row.hosts - today
+            text += (
+                f" That is {abs(change)} host{'s' if abs(change) != 1 else ''} "
+                f"{'more' if change > 0 else 'fewer'} than the {today} in service today"
+                + (", taken from the zones with the most hosts." if change < 0 else ".")
+            )
         costs = self.cost_figures()
         if costs is not None:
             total, reserve = costs

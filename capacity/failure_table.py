@@ -1,10 +1,11 @@
 """Failure table: for candidate host counts, capacity healthy and after the named failure.
 
-This is seed 000's worksheet made executable. For each candidate fleet (a layout grown host by
-host into the allowed zones) it gives healthy capacity; capacity after losing one replica, one
-host and one zone, counted from where replicas actually sit; the maximum admission that keeps the
-failure promise; how long the backlog takes to drain after the failure; the monthly cost; and the
-cost of the reserve (what is bought beyond the smallest fleet that meets healthy demand).
+This is seed 000's worksheet made executable. For each candidate fleet (today's layout grown
+host by host into the allowed zones, or with hosts taken away) it gives healthy capacity;
+capacity after losing one replica, one host and one zone, counted from where replicas actually
+sit; the maximum admission that keeps the failure promise; how long the backlog takes to drain
+after the failure; the monthly cost; and the cost of the reserve (what is bought beyond the
+smallest fleet that meets healthy demand, which may be smaller than today's).
 
 The promise: after losing the named unit, with no replacement counted during the recovery
 interval, the survivors carry the demand and clear the backlog within that interval. So the
@@ -103,11 +104,8 @@ class FailureTableSpec:
         if not self.zones:
             raise ValueError("failure table: zones is empty; name at least one zone to add hosts")
         for hosts in self.candidate_hosts:
-            if hosts < max(len(self.initial.hosts), 1):
-                raise ValueError(
-                    f"failure table: candidate of {hosts} hosts is below the "
-                    f"{max(len(self.initial.hosts), 1)} hosts the layout starts from"
-                )
+            if hosts < 1:
+                raise ValueError(f"failure table: candidate of {hosts} hosts; allowed: 1 or more")
 
     @property
     def backlog_clear_rate(self) -> float:
@@ -202,7 +200,7 @@ def _search_bound(spec: FailureTableSpec) -> int:
 
 
 def _footprint(spec: FailureTableSpec, hosts: int) -> Footprint:
-    return spec.initial.grown(
+    return spec.initial.resized(
         hosts=hosts, zones=spec.zones, replicas_per_host=spec.replicas_per_host
     )
 
@@ -248,7 +246,12 @@ def _infeasible_reason(spec: FailureTableSpec, bound: int) -> str:
 
 
 def build_failure_table(spec: FailureTableSpec) -> FailureTable:
-    start = max(len(spec.initial.hosts), 1)
+    """Rows from a fleet that fails (the smallest meeting healthy demand when it fails the
+    failure promise, as in seed 000's table, else one host fewer) to one past the answer.
+    Fleets smaller than today's layout are candidates too (`Layout.shrunk`): the answer may
+    be to remove hosts, and the reserve is counted from the smallest fleet that meets healthy
+    demand, whatever today's size."""
+    start = 1
     bound = max(_search_bound(spec), *spec.candidate_hosts, start)
 
     def row_at(hosts: int, healthy_replicas: int = 0) -> FailureRow:
@@ -257,7 +260,11 @@ def build_failure_table(spec: FailureTableSpec) -> FailureTable:
     healthy_hosts = _first(start, bound, lambda hosts: row_at(hosts).meets_healthy)
     minimum_hosts = _first(start, bound, lambda hosts: row_at(hosts).meets_failure)
     healthy_replicas = _footprint(spec, healthy_hosts).replicas if healthy_hosts is not None else 0
-    first = healthy_hosts if healthy_hosts is not None else start
+    # The first row fails (healthy demand, or the failure promise), as in seed 000's table.
+    first = start
+    if healthy_hosts is not None:
+        promised = minimum_hosts if minimum_hosts is not None else healthy_hosts + 1
+        first = max(start, min(healthy_hosts, promised - 1))
     last = minimum_hosts + 1 if minimum_hosts is not None else first + 2
     candidates = spec.candidate_hosts or tuple(range(first, max(last, first + 1) + 1))
     return FailureTable(

@@ -4,7 +4,9 @@ Replicas that share a host or a zone fail together, so surviving capacity is cou
 layout, never from a replica count alone: losing a host removes the host with the most
 replicas, losing a zone removes the zone with the most replicas (the worst case is the promise).
 Candidate fleets grow a layout one host at a time into the allowed zones, always into the zone
-with the fewest hosts, which is how an operator would add them.
+with the fewest hosts, which is how an operator would add them; smaller fleets than today's
+take hosts away one at a time, always the smallest host of the zone with the most hosts, so
+the zones stay as even as they were.
 """
 
 from __future__ import annotations
@@ -74,6 +76,33 @@ class Layout:
 
     def footprint(self) -> Footprint:
         return self.grown(hosts=len(self.hosts), zones=self.zones or ("",), replicas_per_host=1)
+
+    def resized(self, *, hosts: int, zones: Sequence[str], replicas_per_host: int) -> Footprint:
+        """This layout grown to `hosts` (`grown`), or with hosts taken away down to `hosts`
+        (`shrunk`): every candidate fleet, smaller than today's or larger."""
+        if hosts < len(self.hosts):
+            return self.shrunk(hosts=hosts).footprint()
+        return self.grown(hosts=hosts, zones=zones, replicas_per_host=replicas_per_host)
+
+    def shrunk(self, *, hosts: int) -> Layout:
+        """This layout with hosts taken away until `hosts` are left: each time the host with the
+        fewest replicas (then the last by name) of the zone with the most hosts (then the most
+        replicas, then the last by name). Fewer hosts never leave more capacity after any loss:
+        a host taken away lowers the total by its replicas and any unit's loss by at most
+        that, so a fleet is the smaller ones plus hosts, as the failure table's search needs."""
+        if hosts < 0:
+            raise ValueError(f"a layout cannot shrink to {hosts} hosts")
+        kept = list(self.hosts)
+        while len(kept) > hosts:
+            by_zone: dict[str, list[Host]] = {}
+            for host in kept:
+                by_zone.setdefault(host.zone, []).append(host)
+            _, fullest = max(
+                by_zone.items(),
+                key=lambda item: (len(item[1]), sum(h.replicas for h in item[1]), item[0]),
+            )
+            kept.remove(max(fullest, key=lambda h: (-h.replicas, h.name)))
+        return Layout(tuple(kept))
 
     def grown(self, *, hosts: int, zones: Sequence[str], replicas_per_host: int) -> Footprint:
         """This layout with hosts added up to `hosts`, each into the emptiest of `zones`.

@@ -195,7 +195,7 @@ def test_inventory_rejects_a_replica_on_two_hosts() -> None:
         ("replica_rate", 0.0, "replica_rate is 0.0; allowed: a finite number, > 0"),
         ("demand_rate", float("nan"), "demand_rate is nan"),
         ("zones", (), "zones is empty"),
-        ("candidate_hosts", (0,), "candidate of 0 hosts is below"),
+        ("candidate_hosts", (0,), "candidate of 0 hosts; allowed: 1 or more"),
     ],
 )
 def test_bad_spec_is_refused(field: str, value: Any, message: str) -> None:
@@ -241,14 +241,14 @@ def test_table_is_monotone_in_hosts_and_admission_never_exceeds_failed_capacity(
         backlog=backlog,
         initial=initial,
     )
-    start = max(len(initial.hosts), 1)
+    # Fleets smaller than today's (hosts taken away) and larger (hosts added) alike.
     rows = [
         failure_row(
             base,
-            initial.grown(hosts=n, zones=zones, replicas_per_host=replicas_per_host),
+            initial.resized(hosts=n, zones=zones, replicas_per_host=replicas_per_host),
             healthy_replicas=0,
         )
-        for n in range(start, start + 12)
+        for n in range(1, len(initial.hosts) + 12)
     ]
     for row in rows:
         assert row.max_admission <= row.failed_capacity <= row.healthy_capacity
@@ -263,10 +263,10 @@ def test_table_is_monotone_in_hosts_and_admission_never_exceeds_failed_capacity(
     if table.minimum is not None:
         assert table.minimum.meets_failure
         assert table.minimum.max_admission >= demand - 1e-9 * max(1.0, demand)
-        if table.minimum.hosts > start:
+        if table.minimum.hosts > 1:
             below = failure_row(
                 base,
-                initial.grown(
+                initial.resized(
                     hosts=table.minimum.hosts - 1, zones=zones, replicas_per_host=replicas_per_host
                 ),
                 healthy_replicas=0,
@@ -291,3 +291,34 @@ def _greedy(counts: list[int], extra: int) -> list[int]:
 )
 def test_level_filling_equals_adding_hosts_one_at_a_time(counts: list[int], extra: int) -> None:
     assert _fill_levels(counts, extra) == _greedy(counts, extra)
+
+
+def test_a_fleet_larger_than_needed_is_told_to_shrink_and_its_reserve_counted() -> None:
+    # Today: 4 hosts of 4 replicas in two zones, 136 req/min a replica, demand 578 req/min.
+    today = Layout(tuple(Host(f"host-{i}", "zone-a" if i < 2 else "zone-b", 4) for i in range(4)))
+    table = build_failure_table(
+        spec(
+            demand=578,
+            per_replica=136,
+            unit=FailureUnit.HOST,
+            replicas_per_host=4,
+            zones=("zone-a", "zone-b"),
+            initial=today,
+        )
+    )
+    assert table.minimum is not None
+    assert table.healthy_minimum is not None
+    # 2 hosts (8 replicas, 1,088) meet healthy demand; losing one of them leaves 544 < 578, so
+    # 3 hosts are the answer, one fewer than today, and the third host is the reserve.
+    assert (table.healthy_minimum.hosts, table.minimum.hosts) == (2, 3)
+    assert [row.hosts for row in table.rows] == [2, 3, 4]
+    assert table.minimum.reserve_usd_per_month == 4 * 2.0 * 730.0
+
+
+def test_hosts_are_taken_from_the_fullest_zone_smallest_host_first() -> None:
+    layout = Layout(
+        (Host("a1", "a", 2), Host("a2", "a", 1), Host("a3", "a", 2), Host("b1", "b", 2))
+    )
+    assert [h.name for h in layout.shrunk(hosts=3).hosts] == ["a1", "a3", "b1"]
+    assert [h.name for h in layout.shrunk(hosts=2).hosts] == ["a1", "b1"]
+    assert [h.name for h in layout.shrunk(hosts=1).hosts] == ["a1"]
