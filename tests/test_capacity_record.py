@@ -13,6 +13,7 @@ import pytest
 
 from capacity.capacity_fit import FitSpec, LoadUnit, fit_capacity
 from capacity.decision_record import SCHEMA
+from capacity.placement import Host, Layout
 from capacity.recommendation import recommend
 from capacity.requirement import RequirementError, parse_requirement
 from capacity.worksheet import size, size_from_file
@@ -154,3 +155,20 @@ def test_record_json_has_no_non_finite_numbers_and_keeps_the_stated_capacity() -
     assert document["capacity_fit"]["knee_load"] is None
     assert "kept the stated 40 req/min" in document["notes"][0]
     assert document["recommendation"]["replicas"] == 4
+
+
+def test_a_fleet_larger_than_the_requirement_needs_is_told_how_many_hosts_fewer() -> None:
+    # Seed 000's exercise (120 req/min, 40 a replica, two a host, one host may be lost) on a
+    # fleet of five hosts today: three are the answer, two fewer, and two meet healthy demand.
+    data = {
+        "failure_unit": "host",
+        "demand": {"req_per_min": 120},
+        "replica": {"capacity_req_per_min": 40},
+        "placement": {"replicas_per_host": 2, "zones": ["a", "b"]},
+    }
+    today = Layout(tuple(Host(f"h{i}", "ab"[i % 2], 2) for i in range(5)))
+    record = recommend(parse_requirement(data, where="r.toml"), now=NOW, layout=today)
+    document = record.to_json()
+    assert document["recommendation"]["hosts"] == 3
+    assert sorted(rows_by_hosts(document)) == [2, 3, 4]
+    assert "That is 2 hosts fewer than the 5 in service today" in record.verdict()
