@@ -17,6 +17,8 @@ from typing import Any
 
 from capacity.cache_hit_rate import HitRatioSpread
 from capacity.capacity_fit import CapacityFit, KneeFit
+from capacity.cost import CostLines, cost_lines, usd_text
+from capacity.demand import TokenDemand
 from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
 from capacity.fleet_size import FleetSize
@@ -79,6 +81,30 @@ class DecisionRecord:
         )
         return total, reserve
 
+    def cost_lines(self) -> CostLines | None:
+        """The recommended fleet's $/hour, $/month, $ per million output tokens at the demand,
+        and $ per user-month when users are stated; None without a GPU price."""
+        row, cost = self.recommended, self.requirement.cost
+        if row is None or cost.usd_per_gpu_hour is None:
+            return None
+        demand = self.fleet.demand
+        tokens = demand.decode_tokens_per_s
+        if tokens is None and demand.answer_tokens is not None:
+            tokens = derived(
+                demand.req_per_min.value / 60 * demand.answer_tokens.value,
+                "tokens/s",
+                f"{demand.req_per_min.text()} / 60 s x {demand.answer_tokens.text()}",
+            )
+        stated = self.requirement.demand
+        return cost_lines(
+            replicas=row.replicas,
+            gpus_per_replica=self.requirement.replica.gpus,
+            usd_per_gpu_hour=cost.usd_per_gpu_hour,
+            hours_per_month=cost.hours_per_month,
+            output_tokens_per_s=tokens,
+            users=stated.concurrent_users if isinstance(stated, TokenDemand) else None,
+        )
+
     def verdict(self) -> str:
         row, table = self.recommended, self.fleet.table
         if row is None:
@@ -114,9 +140,9 @@ class DecisionRecord:
             total, reserve = costs
             healthy = table.healthy_minimum
             text += (
-                f" Cost {_usd(total.value)}/month, of which {_usd(reserve.value)}/month buys the "
-                f"failure reserve beyond the {healthy.hosts if healthy else 0} hosts that meet "
-                "healthy demand."
+                f" Cost {usd_text(total.value)}/month, of which {usd_text(reserve.value)}/month "
+                f"buys the failure reserve beyond the {healthy.hosts if healthy else 0} hosts "
+                "that meet healthy demand."
             )
         return text
 
@@ -154,6 +180,7 @@ class DecisionRecord:
                 "rate_unit": table.spec.unit.value,
                 "usd_per_month": None if costs is None else _figure_json(costs[0]),
                 "reserve_usd_per_month": None if costs is None else _figure_json(costs[1]),
+                "cost": _cost_json(self.cost_lines()),
             },
             "inputs": [
                 {"path": path, **_figure_json(figure)}
@@ -190,8 +217,18 @@ def _num(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _usd(value: float) -> str:
-    return f"${value:,.0f}"
+def _cost_json(lines: CostLines | None) -> dict[str, Any] | None:
+    if lines is None:
+        return None
+    return {
+        name: None if figure is None else _figure_json(figure)
+        for name, figure in (
+            ("usd_per_hour", lines.usd_per_hour),
+            ("usd_per_month", lines.usd_per_month),
+            ("usd_per_million_output_tokens", lines.usd_per_million_output_tokens),
+            ("usd_per_user_month", lines.usd_per_user_month),
+        )
+    }
 
 
 def _figure_json(figure: Figure) -> dict[str, Any]:
@@ -395,8 +432,19 @@ def _recommendation_lines(record: DecisionRecord) -> list[str]:
     costs = record.cost_figures()
     if costs is not None:
         total, reserve = costs
-        lines += [f"- monthly cost: {_usd(total.value)} ({total.source})"]
-        lines += [f"- reserve: {_usd(reserve.value)} ({reserve.source})"]
+        lines += [f"- monthly cost: {usd_text(total.value)} ({total.source})"]
+        lines += [f"- reserve: {usd_text(reserve.value)} ({reserve.source})"]
+    priced = record.cost_lines()
+    if priced is not None:
+        lines.append(
+            f"- hourly cost: {usd_text(priced.usd_per_hour.value)} ({priced.usd_per_hour.source})"
+        )
+        for label, figure in (
+            ("per million output tokens", priced.usd_per_million_output_tokens),
+            ("per user-month", priced.usd_per_user_month),
+        ):
+            if figure is not None:
+                lines.append(f"- {label}: {usd_text(figure.value)} ({figure.source})")
     lines += [f"- {note}" for note in record.notes]
     if record.capacity_fit is not None:
         lines.append(f"- measured capacity: {record.capacity_fit.summary()}")

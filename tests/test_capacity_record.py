@@ -12,7 +12,9 @@ import polars as pl
 import pytest
 
 from capacity.capacity_fit import FitSpec, LoadUnit, fit_capacity
+from capacity.cost import cost_lines, default_hours_per_month
 from capacity.decision_record import SCHEMA
+from capacity.figure import assumed
 from capacity.placement import Host, Layout
 from capacity.recommendation import recommend
 from capacity.requirement import RequirementError, parse_requirement
@@ -172,3 +174,41 @@ def test_a_fleet_larger_than_the_requirement_needs_is_told_how_many_hosts_fewer(
     assert document["recommendation"]["hosts"] == 3
     assert sorted(rows_by_hosts(document)) == [2, 3, 4]
     assert "That is 2 hosts fewer than the 5 in service today" in record.verdict()
+
+
+def test_cost_lines_reproduce_seed_003s_sanity_step() -> None:
+    # "360 H100s at $2.50/h ~ $900/h ~ $650k/month at peak-sized capacity ... 10,000 users";
+    # decode demand 50,000 tokens/s.
+    lines = cost_lines(
+        replicas=45,
+        gpus_per_replica=8,
+        usd_per_gpu_hour=assumed(2.5, "usd/GPU-hour", "seed 003"),
+        hours_per_month=default_hours_per_month(),
+        output_tokens_per_s=assumed(50_000, "tokens/s", "seed 003 decode demand"),
+        users=assumed(10_000, "users", "seed 003"),
+    )
+    assert lines.usd_per_hour.value == pytest.approx(900)
+    assert lines.usd_per_month.value == pytest.approx(657_000)
+    assert lines.usd_per_user_month is not None
+    assert lines.usd_per_user_month.value == pytest.approx(65.7)
+    assert lines.usd_per_million_output_tokens is not None
+    assert lines.usd_per_million_output_tokens.value == pytest.approx(5.0)
+    assert lines.usd_per_million_output_tokens.source.startswith("derived: $900/hour / (50,000")
+
+
+def test_the_chat_record_prices_the_fleet_per_hour_per_token_and_per_user(tmp_path: Path) -> None:
+    text = (REPO_ROOT / "docs" / "capacity.md").read_text(encoding="utf-8")
+    match = re.search(r"```toml\n(.*?)```", text, re.DOTALL)
+    assert match
+    path = tmp_path / "chat.toml"
+    path.write_text(match.group(1), encoding="utf-8")  # it states $2.50 a GPU-hour
+    record = size_from_file(path, now=NOW)
+    cost = record.to_json()["recommendation"]["cost"]
+    gpus = record.to_json()["recommendation"]["gpus"]
+    assert cost["usd_per_hour"]["value"] == pytest.approx(gpus * 2.5)
+    assert cost["usd_per_month"]["value"] == pytest.approx(gpus * 2.5 * 730)
+    assert cost["usd_per_user_month"]["value"] == pytest.approx(gpus * 2.5 * 730 / 10_000)
+    assert cost["usd_per_million_output_tokens"]["value"] > 0
+    markdown = record.to_markdown()
+    assert "- per user-month: $" in markdown
+    assert "- per million output tokens: $" in markdown
