@@ -818,10 +818,11 @@ class Store:
         """Insert request rows, ignoring ones already stored (same trace and span id) and
         repeats within the frame (the first is kept).
 
-        A stored row counts when its end time lies in the batch's end-time ranges (any delay,
-        same end time) or it was ingested within `RETRY_HORIZON` (any other fields): see
-        docs/design-notes.md. Rows are stamped with `ingested_ts` (now) unless they carry one;
-        rollups use it to find what arrived since they last ran. Returns how many rows were new.
+        A stored row counts when its end time or its arrival time lies in the batch's ranges of
+        those times (any delay, the same end or the same start), or it was ingested within
+        `RETRY_HORIZON` (any other fields): see docs/design-notes.md. Rows are stamped with
+        `ingested_ts` (now) unless they carry one; rollups use it to find what arrived since
+        they last ran. Returns how many rows were new.
         """
         _check_schema("requests", frame, REQUESTS_SCHEMA)
         if frame.height == 0:
@@ -832,13 +833,18 @@ class Store:
             frame = frame.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
         now = self._clock()
         # A stored copy of a span ends when the span ends, so it lies among the stored rows of
-        # the batch's completion times; a copy sent again with other fields (another end time)
-        # lies among the rows ingested lately. Those are the only rows compared: requests are
-        # stored roughly in completion order and exactly in ingest order, so DuckDB skips every
-        # other row group by its min/max and the check costs what the batch overlaps plus the
-        # last RETRY_HORIZON's rows, not what the table holds.
-        ranges = end_time_ranges(frame["end_ts"])
-        within = " OR ".join(["(r.end_ts >= ? AND r.end_ts <= ?)"] * len(ranges))
+        # the batch's completion times; a copy re-emitted with another end time still starts
+        # when the request arrived, and any copy sent again lies among the rows ingested lately.
+        # Those are the only rows compared: requests are stored roughly in completion (and so
+        # arrival) order and exactly in ingest order, so DuckDB skips every other row group by
+        # its min/max and the check costs what the batch overlaps plus the last
+        # RETRY_HORIZON's rows, not what the table holds.
+        ranges = time_ranges(frame["end_ts"])
+        starts = time_ranges(frame["arrival_ts"])
+        within = " OR ".join(
+            ["(r.end_ts >= ? AND r.end_ts <= ?)"] * len(ranges)
+            + ["(r.arrival_ts >= ? AND r.arrival_ts <= ?)"] * len(starts)
+        )
         keys = frame.select("trace_id", "span_id")
         self._con.register("incoming_keys", keys.to_arrow())
         try:
@@ -846,7 +852,7 @@ class Store:
                 "SELECT trace_id, span_id FROM incoming_keys i WHERE EXISTS (SELECT 1 FROM "
                 f"requests r WHERE ({within} OR r.ingested_ts >= ?) AND r.trace_id = i.trace_id "
                 "AND r.span_id = i.span_id)",
-                params=[*(t for r in ranges for t in r), now - RETRY_HORIZON],
+                params=[*(t for r in (*ranges, *starts) for t in r), now - RETRY_HORIZON],
             ).pl()
         finally:
             self._con.unregister("incoming_keys")
@@ -1662,18 +1668,19 @@ class Store:
 
 
 # Ranges of end times a requests batch is checked against at most.
-MAX_END_TIME_RANGES = 8
+MAX_TIME_RANGES = 8
 # How long after a span is stored a copy of it with other fields (another end time) is still
 # recognised: longer than exporters retry (the Collector's exporters give up after 5 minutes).
 RETRY_HORIZON = timedelta(minutes=15)
 
 
-def end_time_ranges(end_ts: pl.Series) -> list[tuple[datetime, datetime]]:
-    """A batch's end times as at most `MAX_END_TIME_RANGES` inclusive ranges, split at the widest
-    gaps between them: a few late spans (or a client whose clock is off) then add their own row
-    groups to the deduplication check, not all the hours between them and the rest."""
-    ends = end_ts.unique().sort()
-    cuts = ends.diff().arg_sort(descending=True, nulls_last=True).head(MAX_END_TIME_RANGES - 1)
+def time_ranges(times: pl.Series) -> list[tuple[datetime, datetime]]:
+    """A batch's end (or arrival) times as at most `MAX_TIME_RANGES` inclusive ranges, split at
+    the widest gaps between them: a few late spans (or a client whose clock is off) then add
+    their own row groups to the deduplication check, not all the hours between them and the
+    rest."""
+    ends = times.unique().sort()
+    cuts = ends.diff().arg_sort(descending=True, nulls_last=True).head(MAX_TIME_RANGES - 1)
     starts = [0, *sorted(int(c) for c in cuts if c > 0)]
     return [
         (ends[start], ends[stop - 1])

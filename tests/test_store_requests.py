@@ -12,11 +12,11 @@ import polars as pl
 
 from pipeline.store import (
     LATEST_VERSION,
-    MAX_END_TIME_RANGES,
+    MAX_TIME_RANGES,
     MIGRATIONS,
     RETRY_HORIZON,
     Store,
-    end_time_ranges,
+    time_ranges,
 )
 from pipeline.tables import REQUESTS_SCHEMA
 
@@ -73,6 +73,9 @@ def test_replaying_spans_in_other_batches_leaves_the_same_table() -> None:
         assert twice.count("requests") == 310
 
 
+HOUR = timedelta(hours=1)
+
+
 def test_a_span_resent_with_other_times_within_the_retry_horizon_is_stored_once() -> None:
     now = [datetime(2026, 11, 18, 11, 0, 0)]
     rows = spans(20)
@@ -88,23 +91,25 @@ def test_a_span_resent_with_other_times_within_the_retry_horizon_is_stored_once(
         assert store.write_requests(moved) == 0
         assert store.write_requests(pl.concat([moved.head(5), spans(3, seed=9)])) == 3
         assert stored(store)["e2e_s"].head(20).to_list() == [2.0] * 20
-        # Past the horizon only copies within the batch's end times are recognised.
+        # Past the horizon, copies with the same end or the same start time are recognised;
+        # only a copy with both moved is not.
         now[0] += timedelta(seconds=2)
         assert store.write_requests(rows.head(4)) == 0
+        assert store.write_requests(rows.head(4).with_columns(pl.col("end_ts") + HOUR)) == 0
         assert store.write_requests(moved.head(4)) == 4
         assert store.count("requests") == 27
 
 
-def test_end_time_ranges_cover_the_batch_and_leave_out_the_widest_gaps() -> None:
+def test_time_ranges_cover_the_batch_and_leave_out_the_widest_gaps() -> None:
     ends = spans(200)["end_ts"]  # ten minutes from T0
     stragglers = [T0 - timedelta(hours=5), T0 + timedelta(hours=3), T0 + timedelta(hours=3)]
     batch = pl.concat([ends, pl.Series(stragglers, dtype=pl.Datetime("us"))]).shuffle(seed=2)
-    ranges = end_time_ranges(batch)
-    assert 3 <= len(ranges) <= MAX_END_TIME_RANGES
+    ranges = time_ranges(batch)
+    assert 3 <= len(ranges) <= MAX_TIME_RANGES
     assert all(any(lo <= end <= hi for lo, hi in ranges) for end in batch)
     between = [T0 - timedelta(hours=4), T0 + timedelta(hours=1), T0 + timedelta(hours=2)]
     assert not any(lo <= t <= hi for lo, hi in ranges for t in between)
-    assert end_time_ranges(batch.head(1)) == [(batch[0], batch[0])]
+    assert time_ranges(batch.head(1)) == [(batch[0], batch[0])]
 
 
 def _store_at_version_7(path: Path) -> None:
