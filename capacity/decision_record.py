@@ -23,6 +23,7 @@ from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
 from capacity.fleet_size import FleetSize
 from capacity.latency_model import LatencyModel
+from capacity.observed_demand import ObservedDemand
 from capacity.placement import NO_LAYOUT, FailureUnit, Layout
 from capacity.pool_capacity import PoolCapacity
 from capacity.requirement import Requirement, figures
@@ -42,6 +43,7 @@ class DecisionRecord:
     layout: Layout = NO_LAYOUT
     notes: tuple[str, ...] = ()
     pools: tuple[PoolCapacity, ...] = ()
+    observed_demand: ObservedDemand | None = None
 
     @property
     def recommended(self) -> FailureRow | None:
@@ -190,6 +192,7 @@ class DecisionRecord:
             "capacity_fit": None if self.capacity_fit is None else _fit_json(self.capacity_fit),
             "capacity_by_pool": [_pool_json(pool) for pool in self.pools],
             "cache_hit_ratio": None if self.hit_ratio is None else _hit_json(self.hit_ratio),
+            "observed_demand": _demand_json(self.observed_demand),
             "chain": [_step_json(step) for step in fleet.chain.steps],
             "failure_table": {
                 "rate_unit": table.spec.unit.value,
@@ -215,6 +218,38 @@ class DecisionRecord:
 
 def _num(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+def _demand_json(observed: ObservedDemand | None) -> dict[str, Any] | None:
+    if observed is None:
+        return None
+    return {
+        "window_start": observed.window_start.isoformat(),
+        "window_end": observed.window_end.isoformat(),
+        "minutes": observed.minutes,
+        "peak_req_per_min": _num(observed.peak_req_per_min),
+        "high_req_per_min": _num(observed.high_req_per_min),
+        "mean_req_per_min": _num(observed.mean_req_per_min),
+        "peak_to_mean_ratio": _num(observed.peak_to_mean_ratio),
+        "peak_output_tokens_per_s": _num(observed.peak_output_tokens_per_s),
+        "peak_prompt_tokens_per_s": _num(observed.peak_prompt_tokens_per_s),
+        "output_tokens_per_request": _num(observed.output_tokens_per_request),
+        "prompt_tokens_per_request": _num(observed.prompt_tokens_per_request),
+        "daily_shape": [
+            {"hour_utc": hour, "mean_req_per_min": _num(mean)}
+            for hour, mean in observed.daily_shape
+        ],
+        "groups": [
+            {
+                "by": g.by,
+                "group": g.group,
+                "peak_req_per_min": _num(g.peak_req_per_min),
+                "high_req_per_min": _num(g.high_req_per_min),
+                "mean_req_per_min": _num(g.mean_req_per_min),
+            }
+            for g in observed.groups
+        ],
+    }
 
 
 def _cost_json(lines: CostLines | None) -> dict[str, Any] | None:
@@ -450,6 +485,15 @@ def _recommendation_lines(record: DecisionRecord) -> list[str]:
         lines.append(f"- measured capacity: {record.capacity_fit.summary()}")
     if record.hit_ratio is not None:
         lines.append(f"- measured cache: {record.hit_ratio.summary()}")
+    observed = record.observed_demand
+    if observed is not None:
+        lines.append(f"- observed demand: {observed.summary()}")
+        groups = [g for g in observed.groups if g.group != "(none)"]
+        lines += [
+            f"  - {g.by} {g.group}: peak {fmt(g.peak_req_per_min)} req/min, mean "
+            f"{fmt(g.mean_req_per_min)}"
+            for g in groups
+        ]
     return lines
 
 

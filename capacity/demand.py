@@ -17,10 +17,14 @@ from dataclasses import dataclass, replace
 
 from capacity.figure import Figure, Step, derived, fmt
 
+OBSERVED = "observed"
+
 
 @dataclass(frozen=True)
 class RateDemand:
-    peak_req_per_min: Figure
+    # None: `req_per_min = "observed"`, to be measured from the store's traced requests
+    # (`capacity.recommendation.with_observed_demand`) before the fleet is sized.
+    peak_req_per_min: Figure | None
     growth_ratio: Figure
 
 
@@ -67,6 +71,11 @@ def prefill_share_needed(
 
 def _rate_demand(demand: RateDemand) -> DemandEstimate:
     peak, growth = demand.peak_req_per_min, demand.growth_ratio
+    if peak is None:
+        raise ValueError(
+            f'demand.req_per_min is "{OBSERVED}", but no traced requests measured it: '
+            "`servewatch recommend` measures it from a store; `servewatch size` needs a number"
+        )
     req_per_min = derived(
         peak.value * growth.value,
         "req/min",

@@ -6,22 +6,26 @@ interval becomes the range; an extrapolated knee's range reaches down to the hig
 load, and a fit that bounds no capacity leaves the stated one with that load as its low end),
 and the observed cache hit ratio replaces the stated one (p10-p90 becomes the range; when it is
 unstable the range reaches down to the ratio with router affinity lost, since that is what a
-restart or a rollout does to it). Then the fleet is sized, the risk assessed with the same
-sizing, and the record assembled.
+restart or a rollout does to it). Observed demand (`capacity.observed_demand`) sizes a
+requirement that says `req_per_min = "observed"`, and stands beside a stated demand in the
+record. Then the fleet is sized, the risk assessed with the same sizing, and the record
+assembled.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from functools import partial
 
 from capacity.cache_hit_rate import HitRatioSpread
 from capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figure
 from capacity.decision_record import DecisionRecord
-from capacity.demand import TokenDemand
+from capacity.demand import RateDemand, TokenDemand
 from capacity.figure import fmt
 from capacity.fleet_size import size_fleet
+from capacity.observed_demand import ObservedDemand
 from capacity.placement import NO_LAYOUT, Layout
 from capacity.pool_capacity import PoolCapacity, pool_capacity_figure
 from capacity.requirement import Requirement, RequirementError, figures, replace_figure
@@ -109,9 +113,13 @@ def recommend(
     hit_ratio: HitRatioSpread | None = None,
     layout: Layout = NO_LAYOUT,
     pools: tuple[PoolCapacity, ...] = (),
+    observed: ObservedDemand | None = None,
 ) -> DecisionRecord:
     """Size the fleet for `requirement`, with measurements where given, and record why."""
     notes: list[str] = []
+    if observed is not None:
+        requirement, demand_note = with_observed_demand(requirement, observed)
+        notes.append(demand_note)
     if fit is not None:
         requirement, note = with_measured_capacity(requirement, fit)
         notes.append(note)
@@ -135,4 +143,26 @@ def recommend(
         layout=layout,
         notes=tuple(notes),
         pools=pools,
+        observed_demand=observed,
     )
+
+
+def with_observed_demand(
+    requirement: Requirement, observed: ObservedDemand
+) -> tuple[Requirement, str]:
+    """The requirement sized on the observed peak minute where it says "observed"; a stated
+    demand is kept, with what was observed beside it."""
+    demand = requirement.demand
+    if isinstance(demand, RateDemand) and demand.peak_req_per_min is None:
+        measured_demand = replace(demand, peak_req_per_min=observed.peak_figure())
+        return (
+            replace(requirement, demand=measured_demand),
+            f"demand measured: {observed.summary()}",
+        )
+    if isinstance(demand, RateDemand) and demand.peak_req_per_min is not None:
+        stated = demand.peak_req_per_min
+        return (
+            requirement,
+            f"demand stated as {stated.text()} (kept); observed {observed.summary()}",
+        )
+    return requirement, f"demand stated as concurrent users (kept); observed {observed.summary()}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from capacity.cost import CostSpec, default_hours_per_month
-from capacity.demand import RateDemand, TokenDemand
+from capacity.demand import OBSERVED, RateDemand, TokenDemand
 from capacity.figure import Figure, SourceKind, assumed
 from capacity.placement import FailureUnit
 from capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
@@ -222,8 +222,17 @@ def _demand(section: _Fields) -> RateDemand | TokenDemand:
             token_given[0], "cannot be given with req_per_min: state demand one way, not both"
         )
     if rate_given:
+        raw = section.raw("req_per_min")
+        if isinstance(raw, str) and raw != OBSERVED:
+            raise section.fail(
+                "req_per_min",
+                f'must be a number, or "{OBSERVED}" to measure it from the store, got {raw!r}',
+            )
+        observed = raw == OBSERVED
         return RateDemand(
-            peak_req_per_min=section.figure("req_per_min", "req/min", POSITIVE),
+            peak_req_per_min=None
+            if observed
+            else section.figure("req_per_min", "req/min", POSITIVE),
             growth_ratio=section.figure(
                 "growth_ratio",
                 "ratio",

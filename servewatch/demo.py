@@ -24,8 +24,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from capacity.requirement import parse_requirement
 from collectors.replay import replay_fixture
 from dashboards.export import write_report
@@ -136,13 +134,14 @@ def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
     )
 
 
-def _requirement(capacity_req_per_min: float, peak_req_per_min: float) -> dict[str, Any]:
+def _requirement(capacity_req_per_min: float) -> dict[str, Any]:
     return {
         "name": "demo-chat",
         "failure_unit": "host",
         "headroom_ratio": 0.2,
         "slo": {"latency": "p95 TTFT", "latency_limit_s": 0.5},
-        "demand": {"req_per_min": round(peak_req_per_min, 1), "growth_ratio": 1.5},
+        # The recorded day's peak minute, measured by the recommender, grown by half.
+        "demand": {"req_per_min": "observed", "growth_ratio": 1.5},
         "replica": {"capacity_req_per_min": round(capacity_req_per_min, 1)},
         "placement": {"replicas_per_host": REPLICAS_PER_HOST, "zones": ["zone-a", "zone-b"]},
         "recovery": {"interval_s": 180, "replacement_startup_s": 90},
@@ -211,16 +210,8 @@ def run_demo(
         report = store_report(store, limits=DEMO_LIMITS, findings=findings)
         files = write_report(report, out / "report")
         progress("sizing the fleet")
-        peak = (
-            store.read_request_minutes()
-            .group_by("minute_ts")
-            .agg(pl.col("requests").sum())
-            .select(pl.col("requests").max())
-            .collect()
-            .item()
-        )
         requirement = parse_requirement(
-            _requirement(truth.capacity_rps * 60, float(peak or 0)), where="demo requirement"
+            _requirement(truth.capacity_rps * 60), where="demo requirement"
         )
         record, _ = recommend_from_store(store, requirement=requirement)
     (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")

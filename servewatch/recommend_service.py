@@ -19,6 +19,7 @@ from capacity.attainment_fit import AttainmentSpec
 from capacity.cache_hit_rate import HITS, QUERIES, HitRatioSpread, observe_hit_ratio
 from capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
 from capacity.decision_record import DecisionRecord
+from capacity.observed_demand import ObservedDemand, observed_demand
 from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
 from capacity.pool_capacity import PoolCapacity, pool_capacities
 from capacity.recommendation import recommend
@@ -42,6 +43,7 @@ class Measurements:
     layout: Layout
     notes: tuple[str, ...]
     pools: tuple[PoolCapacity, ...] = ()
+    demand: ObservedDemand | None = None
 
 
 def hit_ratio_every(window: tuple[datetime, datetime]) -> str:
@@ -198,9 +200,23 @@ def measure(
             )
         except ValueError as exc:
             notes.append(f"cache hit ratio spread not usable: {exc}")
+    demand = None if window is None else _observed_demand(store, requirement, window, notes)
     return Measurements(
-        fit=fit, hit_ratio=hit_ratio, layout=layout, notes=tuple(notes), pools=pools
+        fit=fit, hit_ratio=hit_ratio, layout=layout, notes=tuple(notes), pools=pools, demand=demand
     )
+
+
+def _observed_demand(
+    store: Store, requirement: Requirement, window: tuple[datetime, datetime], notes: list[str]
+) -> ObservedDemand | None:
+    """The window's traced arrivals, of the requirement's pool when it names one."""
+    requests = store.read_requests(from_ts=window[0], to_ts=window[1])
+    if requirement.pool is not None:
+        requests = requests.filter(pl.col("pool") == requirement.pool)
+    demand = observed_demand(requests)
+    if demand is None:
+        notes.append("demand not observed: the traced requests span under three minutes")
+    return demand
 
 
 def recommend_from_store(
@@ -219,5 +235,6 @@ def recommend_from_store(
         hit_ratio=measured.hit_ratio,
         layout=measured.layout,
         pools=measured.pools,
+        observed=measured.demand,
     )
     return record, measured
