@@ -153,16 +153,14 @@ def with_observed_demand(
     """The requirement sized on the observed peak minute where it says "observed"; a stated
     demand is kept, with what was observed beside it."""
     demand = requirement.demand
+    peak = f"{fmt(observed.peak_req_per_min)} req/min (observed demand below)"
     if isinstance(demand, RateDemand) and demand.peak_req_per_min is None:
         measured_demand = replace(demand, peak_req_per_min=observed.peak_figure())
-        return (
-            replace(requirement, demand=measured_demand),
-            f"demand measured: {observed.summary()}",
-        )
-    if isinstance(demand, RateDemand) and demand.peak_req_per_min is not None:
-        stated = demand.peak_req_per_min
-        return (
-            requirement,
-            f"demand stated as {stated.text()} (kept); observed {observed.summary()}",
-        )
-    return requirement, f"demand stated as concurrent users (kept); observed {observed.summary()}"
+        note = f"demand.peak_req_per_min is the observed peak minute, {peak}"
+        return replace(requirement, demand=measured_demand), note
+    stated = (
+        demand.peak_req_per_min.text()
+        if isinstance(demand, RateDemand) and demand.peak_req_per_min is not None
+        else "concurrent users"
+    )
+    return requirement, f"demand stated as {stated} is kept; the observed peak minute was {peak}"

@@ -105,7 +105,8 @@ def test_an_observed_requirement_is_sized_on_the_peak_minute_times_growth() -> N
     assert (peak["kind"], peak["value"]) == ("measured", 80)
     assert document["observed_demand"]["peak_req_per_min"] == 80
     assert document["recommendation"]["hosts"] == 3  # seed 000's exercise at 120 req/min
-    assert any(note.startswith("demand measured: peak minute 80 req/min") for note in record.notes)
+    assert "demand.peak_req_per_min is the observed peak minute, 80 req/min" in record.notes[0]
+    assert "- observed demand: peak minute 80 req/min" in record.to_markdown()
 
 
 def test_a_stated_demand_is_kept_with_the_observed_one_beside_it() -> None:
@@ -115,7 +116,7 @@ def test_a_stated_demand_is_kept_with_the_observed_one_beside_it() -> None:
     assert demand is not None
     kept, note = with_observed_demand(requirement, demand)
     assert kept == requirement
-    assert note.startswith("demand stated as 120 req/min (kept); observed peak minute 1 req/min")
+    assert note.startswith("demand stated as 120 req/min is kept; the observed peak minute was 1")
 
 
 def test_observed_demand_without_a_store_is_a_clear_error() -> None:
