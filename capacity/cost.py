@@ -40,6 +40,19 @@ class CostLines:
     usd_per_month: Figure
     usd_per_million_output_tokens: Figure | None
     usd_per_user_month: Figure | None
+    # The month's cost if the fleet followed the observed daily shape (seed 003's autoscaled
+    # average), and that per user.
+    autoscaled_usd_per_month: Figure | None = None
+    autoscaled_usd_per_user_month: Figure | None = None
+
+
+@dataclass(frozen=True)
+class AutoscaledFleet:
+    """The replicas a fleet would run, hour by hour of the observed day, if it kept to what
+    each hour's mean demand needs under the same failure promise."""
+
+    mean_replicas: float
+    hours: int
 
 
 def cost_lines(
@@ -50,6 +63,7 @@ def cost_lines(
     hours_per_month: Figure,
     output_tokens_per_s: Figure | None = None,
     users: Figure | None = None,
+    autoscaled: AutoscaledFleet | None = None,
 ) -> CostLines:
     """The fleet's cost lines. Per million output tokens is at the demand's token rate as if it
     held all month (peak-sized: the cost of a token served at peak); per user-month divides the
@@ -81,7 +95,25 @@ def cost_lines(
             "usd/user-month",
             f"{usd_text(monthly.value)}/month / {fmt(users.value)} users, peak-sized capacity",
         )
-    return CostLines(hourly, monthly, per_million, per_user)
+    scaled = scaled_per_user = None
+    if autoscaled is not None:
+        scaled = derived(
+            autoscaled.mean_replicas
+            * gpus_per_replica
+            * usd_per_gpu_hour.value
+            * hours_per_month.value,
+            "usd/month",
+            f"{fmt(autoscaled.mean_replicas)} replicas on average over {autoscaled.hours} "
+            f"observed hours x {gpus_per_replica} GPUs x {usd_per_gpu_hour.text()} x "
+            f"{hours_per_month.text()}",
+        )
+        if users is not None and users.value > 0:
+            scaled_per_user = derived(
+                scaled.value / users.value,
+                "usd/user-month",
+                f"{usd_text(scaled.value)}/month / {fmt(users.value)} users, autoscaled",
+            )
+    return CostLines(hourly, monthly, per_million, per_user, scaled, scaled_per_user)
 
 
 def usd_text(value: float) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from capacity.cache_hit_rate import HitRatioSpread
 from capacity.capacity_fit import CapacityFit, KneeFit
-from capacity.cost import CostLines, cost_lines, usd_text
+from capacity.cost import AutoscaledFleet, CostLines, cost_lines, usd_text
 from capacity.demand import TokenDemand
 from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
@@ -44,6 +44,7 @@ class DecisionRecord:
     notes: tuple[str, ...] = ()
     pools: tuple[PoolCapacity, ...] = ()
     observed_demand: ObservedDemand | None = None
+    autoscaled: AutoscaledFleet | None = None
 
     @property
     def recommended(self) -> FailureRow | None:
@@ -97,6 +98,14 @@ class DecisionRecord:
                 "tokens/s",
                 f"{demand.req_per_min.text()} / 60 s x {demand.answer_tokens.text()}",
             )
+        observed = self.observed_demand
+        if tokens is None and observed is not None and observed.output_tokens_per_request:
+            tokens = derived(
+                demand.req_per_min.value / 60 * observed.output_tokens_per_request,
+                "tokens/s",
+                f"{demand.req_per_min.text()} / 60 s x {fmt(observed.output_tokens_per_request)} "
+                "output tokens per observed request",
+            )
         stated = self.requirement.demand
         return cost_lines(
             replicas=row.replicas,
@@ -105,6 +114,7 @@ class DecisionRecord:
             hours_per_month=cost.hours_per_month,
             output_tokens_per_s=tokens,
             users=stated.concurrent_users if isinstance(stated, TokenDemand) else None,
+            autoscaled=self.autoscaled,
         )
 
     def verdict(self) -> str:
@@ -262,6 +272,8 @@ def _cost_json(lines: CostLines | None) -> dict[str, Any] | None:
             ("usd_per_month", lines.usd_per_month),
             ("usd_per_million_output_tokens", lines.usd_per_million_output_tokens),
             ("usd_per_user_month", lines.usd_per_user_month),
+            ("autoscaled_usd_per_month", lines.autoscaled_usd_per_month),
+            ("autoscaled_usd_per_user_month", lines.autoscaled_usd_per_user_month),
         )
     }
 
@@ -477,6 +489,8 @@ def _recommendation_lines(record: DecisionRecord) -> list[str]:
         for label, figure in (
             ("per million output tokens", priced.usd_per_million_output_tokens),
             ("per user-month", priced.usd_per_user_month),
+            ("autoscaled to the observed day", priced.autoscaled_usd_per_month),
+            ("autoscaled, per user-month", priced.autoscaled_usd_per_user_month),
         ):
             if figure is not None:
                 lines.append(f"- {label}: {usd_text(figure.value)} ({figure.source})")

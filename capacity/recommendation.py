@@ -15,16 +15,18 @@ assembled.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
 
 from capacity.cache_hit_rate import HitRatioSpread
 from capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figure
+from capacity.cost import AutoscaledFleet
 from capacity.decision_record import DecisionRecord
 from capacity.demand import RateDemand, TokenDemand
-from capacity.figure import fmt
-from capacity.fleet_size import size_fleet
+from capacity.figure import derived, fmt
+from capacity.fleet_size import FleetSize, size_fleet
 from capacity.observed_demand import ObservedDemand
 from capacity.placement import NO_LAYOUT, Layout
 from capacity.pool_capacity import PoolCapacity, pool_capacity_figure
@@ -133,6 +135,7 @@ def recommend(
     except ValueError as exc:
         raise RequirementError(f"{requirement.source}: {exc}") from exc
     risk = assess_risk(requirement, fleet, sizer=sizer, fit=fit, hit_ratio=hit_ratio, layout=layout)
+    autoscaled = None if observed is None else autoscaled_fleet(requirement, observed, sizer=sizer)
     return DecisionRecord(
         requirement=requirement,
         created_at=now,
@@ -144,7 +147,34 @@ def recommend(
         notes=tuple(notes),
         pools=pools,
         observed_demand=observed,
+        autoscaled=autoscaled,
     )
+
+
+def autoscaled_fleet(
+    requirement: Requirement,
+    observed: ObservedDemand,
+    *,
+    sizer: Callable[[Requirement], FleetSize],
+) -> AutoscaledFleet | None:
+    """The fleet each observed hour needs, the peak demand scaled by that hour's mean arrivals
+    over the peak minute's, under the same failure promise, averaged over the hours; None for
+    token demand (no request shape to scale) or when some hour cannot be met."""
+    demand = requirement.demand
+    if not isinstance(demand, RateDemand) or demand.peak_req_per_min is None:
+        return None
+    peak = demand.peak_req_per_min
+    if observed.peak_req_per_min <= 0 or not observed.daily_shape:
+        return None
+    replicas = []
+    for hour, mean_req_per_min in observed.daily_shape:
+        share = mean_req_per_min / observed.peak_req_per_min
+        hourly = derived(peak.value * share, "req/min", f"{peak.text()} x {fmt(share)} at {hour}h")
+        fleet = sizer(replace(requirement, demand=replace(demand, peak_req_per_min=hourly)))
+        if fleet.table.minimum is None:
+            return None
+        replicas.append(fleet.table.minimum.replicas)
+    return AutoscaledFleet(mean_replicas=sum(replicas) / len(replicas), hours=len(replicas))
 
 
 def with_observed_demand(

@@ -123,3 +123,34 @@ def test_observed_demand_without_a_store_is_a_clear_error() -> None:
     requirement = parse_requirement(RATE, where="r.toml")
     with pytest.raises(RequirementError, match=r'demand\.req_per_min is "observed", but no traced'):
         recommend(requirement, now=NOW)
+
+
+def test_the_autoscaled_cost_follows_the_observed_daily_shape() -> None:
+    # 80 req/min through the 10:00 hour, 20 req/min through the 11:00 hour; one replica may be
+    # lost: 80 needs 2 + 1 replicas, 20 needs 1 + 1, so the fleet averages 2.5 replicas.
+    offsets = [i * 0.75 for i in range(4800)] + [3600 + i * 3.0 for i in range(1200)]
+    demand = observed_demand(requests(offsets))
+    assert demand is not None
+    assert [hour for hour, _ in demand.daily_shape] == [10, 11]
+    data = {
+        **RATE,
+        "failure_unit": "replica",
+        "demand": {"req_per_min": "observed"},
+        "placement": {"replicas_per_host": 1, "zones": ["a", "b"]},
+        "cost": {"usd_per_gpu_hour": 2.0},
+    }
+    record = recommend(parse_requirement(data, where="r.toml"), now=NOW, observed=demand)
+    cost = record.to_json()["recommendation"]["cost"]
+    assert record.to_json()["recommendation"]["replicas"] == 3
+    assert cost["usd_per_month"]["value"] == pytest.approx(3 * 2.0 * 730)
+    assert cost["autoscaled_usd_per_month"]["value"] == pytest.approx(2.5 * 2.0 * 730)
+    assert cost["autoscaled_usd_per_month"]["source"].startswith(
+        "derived: 2.5 replicas on average over 2 observed hours"
+    )
+    assert "- autoscaled to the observed day: $3,650" in record.to_markdown()
+    # Output tokens at the demand come from the observed tokens per request.
+    per_request = demand.output_tokens_per_request
+    assert per_request is not None
+    assert cost["usd_per_million_output_tokens"]["value"] == pytest.approx(
+        3 * 2.0 / (80 / 60 * per_request * 3600 / 1e6)
+    )
