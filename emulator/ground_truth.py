@@ -9,6 +9,13 @@ seed, so every probe sees the same requests, only closer together or further apa
 random numbers keep attainment from jittering between probes). The search doubles the rate
 until attainment falls below target, then bisects until the bracket is `tolerance_ratio` wide;
 the reported capacity is the bracket's lower end, a rate that was simulated and met the target.
+
+That is one replica's capacity, fed alone. A fleet's replicas each serve less or more than that:
+the router spreads a Poisson stream unevenly (round robin) or pools it (least loaded, which
+evens out bursts), and prefix affinity keeps conversations on one replica. So the fleet-level
+truth (`fleet_capacity_for_config`) runs the same search on the recorded fleet itself, its
+topology and router, with the rate per replica searched and the whole fleet's requests judged;
+a refit from the fleet's telemetry is judged against that number.
 """
 
 from __future__ import annotations
@@ -112,8 +119,10 @@ def attainment_at(
     seed: int,
     requests: int,
     warmup_ratio: float = 0.1,
+    fleet: FleetConfig | None = None,
 ) -> CapacityProbe:
-    """Simulate one replica at `rate_rps` and judge about `requests` requests after a warm-up.
+    """Simulate one replica at `rate_rps` and judge about `requests` requests after a warm-up;
+    with `fleet`, its topology and router at `rate_rps` per replica, all replicas judged.
 
     The warm-up is `warmup_ratio` of the judged window, and at least
     `CONVERSATION_WARMUP_S` when conversations have follow-up turns, which arrive a think
@@ -123,22 +132,27 @@ def attainment_at(
     """
     if not rate_rps > 0:
         raise ValueError(f"rate_rps must be > 0, got {rate_rps}")
-    window_s = requests / rate_rps
+    replicas = 1 if fleet is None else fleet.topology.replicas
+    total_rps = rate_rps * replicas
+    window_s = requests / total_rps
     warmup_s = warmup_ratio * window_s
     if workload.conversation.turns_mean > 1.0:
         warmup_s = max(warmup_s, CONVERSATION_WARMUP_S)
     from_s = PROBE_START_S + warmup_s
     to_s = from_s + window_s
-    mix = workload.with_rate(rate_rps)
+    mix = workload.with_rate(total_rps)
     source = SyntheticWorkload(mix, seed=seed, start_s=PROBE_START_S, until_s=to_s)
     judge = _Judge(source, slo=slo, from_s=from_s, to_s=to_s)
-    config = FleetConfig(
-        topology=TopologySpec(zones=("zone-a",), hosts_per_zone=1, replicas_per_host=1),
-        engine=engine,
-        router=RouterSpec(policy=RouterPolicy.ROUND_ROBIN),
-        workload=mix,
-        slo=slo,
-    )
+    if fleet is None:
+        config = FleetConfig(
+            topology=TopologySpec(zones=("zone-a",), hosts_per_zone=1, replicas_per_host=1),
+            engine=engine,
+            router=RouterSpec(policy=RouterPolicy.ROUND_ROBIN),
+            workload=mix,
+            slo=slo,
+        )
+    else:  # the fleet as recorded, without its injected failures
+        config = replace(fleet, engine=engine, workload=mix, slo=slo, failures=())
     sim = FleetSimulation(config, observer=judge, seed=seed, start_s=PROBE_START_S, source=judge)
     sim.run_until(to_s)
     deadline_s = to_s + max(120.0, window_s)
@@ -157,8 +171,10 @@ def capacity_at_slo(
     requests: int = 3000,
     tolerance_ratio: float = 0.02,
     first_rate_rps: float = 1.0,
+    fleet: FleetConfig | None = None,
 ) -> CapacityAtSlo:
-    """The largest Poisson request rate one replica serves with attainment >= target."""
+    """The largest Poisson request rate one replica serves with attainment >= target; with
+    `fleet`, per replica of that fleet, its router spreading the whole stream."""
     slo = slo or SloSpec()
     if not 0 < tolerance_ratio < 1:
         raise ValueError(f"tolerance_ratio must be in (0, 1), got {tolerance_ratio}")
@@ -166,7 +182,7 @@ def capacity_at_slo(
 
     def probe(rate_rps: float) -> CapacityProbe:
         result = attainment_at(
-            engine, workload, rate_rps=rate_rps, slo=slo, seed=seed, requests=requests
+            engine, workload, rate_rps=rate_rps, slo=slo, seed=seed, requests=requests, fleet=fleet
         )
         probes.append(result)
         return result
@@ -202,3 +218,14 @@ def capacity_for_config(config: FleetConfig, *, seed: int, requests: int = 3000)
     """Per-replica capacity at the config's SLO for its engine and workload mix."""
     workload = replace(config.workload, replay=None)
     return capacity_at_slo(config.engine, workload, slo=config.slo, seed=seed, requests=requests)
+
+
+def fleet_capacity_for_config(
+    config: FleetConfig, *, seed: int, requests: int = 3000
+) -> CapacityAtSlo:
+    """Per-replica capacity at the config's SLO of the fleet itself: its topology and router
+    serving the workload mix, the rate per replica searched and every request judged."""
+    workload = replace(config.workload, replay=None)
+    return capacity_at_slo(
+        config.engine, workload, slo=config.slo, seed=seed, requests=requests, fleet=config
+    )

@@ -31,7 +31,7 @@ from emulator.failures import FailureKind, FailureSpec
 from emulator.fixture_writer import record_fleet
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.ground_truth import capacity_for_config
+from emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
 from emulator.live_server import LiveFleetServer, run_live
 from emulator.span_output import otlp_http_span_output
 from emulator.vllm_metrics import EngineSettings
@@ -171,6 +171,7 @@ def run_demo(
 
     progress("measuring the emulated replica's ground-truth capacity at the SLO")
     truth = capacity_for_config(config, seed=7, requests=1500)
+    fleet_truth = fleet_capacity_for_config(config, seed=7, requests=1500)
     progress(f"recording {hours:g} h of 12 emulated replicas to {fixture}")
     manifest = record_fleet(
         config,
@@ -181,6 +182,8 @@ def run_demo(
         seed=1,
         ground_truth={
             "capacity_rps_per_replica": truth.capacity_rps,
+            "fleet_capacity_rps_per_replica": fleet_truth.capacity_rps,
+            "router": config.router.policy.value,
             "slo": "TTFT 0.5 s, TPOT 0.05 s, 90%",
         },
         description=(
@@ -248,6 +251,7 @@ def run_demo(
             }
         ),
         "ground_truth_capacity_rps_per_replica": truth.capacity_rps,
+        "ground_truth_fleet_capacity_rps_per_replica": fleet_truth.capacity_rps,
         "health_findings": [finding_json(f) for f in findings],
         "recommendation": record.verdict(),
         "riskiest_assumption": record.to_json()["risk"].get("riskiest"),

@@ -11,7 +11,7 @@ from typing import Any
 from emulator.fixture_writer import record_fleet
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig
-from emulator.ground_truth import capacity_for_config
+from emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
 from emulator.live_server import LiveFleetServer, run_live
 from emulator.span_output import otlp_http_span_output
 from emulator.vllm_metrics import EngineSettings
@@ -28,6 +28,7 @@ def record_emulated_fleet(
 ) -> dict[str, Any]:
     """Simulate `hours` in virtual time and write the fixture folder; returns its manifest."""
     truth = capacity_for_config(fleet, seed=seed)
+    fleet_truth = fleet_capacity_for_config(fleet, seed=seed)
     return record_fleet(
         fleet,
         folder,
@@ -38,6 +39,10 @@ def record_emulated_fleet(
         ground_truth={
             "capacity_rps_per_replica": truth.capacity_rps,
             "attainment_ratio": truth.attainment_ratio,
+            # The recorded fleet's own: its topology and router (see emulator/ground_truth.py).
+            "fleet_capacity_rps_per_replica": fleet_truth.capacity_rps,
+            "fleet_attainment_ratio": fleet_truth.attainment_ratio,
+            "router": fleet.router.policy.value,
             "slo": {
                 "ttft_s": fleet.slo.ttft_s,
                 "tpot_s": fleet.slo.tpot_s,

@@ -121,6 +121,9 @@ def test_demo_records_replays_analyses_and_goes_live(runner: CliRunner, tmp_path
     manifest = json.loads((out / "fixture" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["emulated"] is True
     assert manifest["ground_truth"]["capacity_rps_per_replica"] > 0
+    # The fleet's own truth, its topology and router, beside one replica's.
+    assert manifest["ground_truth"]["fleet_capacity_rps_per_replica"] > 0
+    assert manifest["ground_truth"]["router"] == "least_loaded"
 
 
 def test_demo_with_a_bad_duration_exits_2(runner: CliRunner, tmp_path: Path) -> None:

@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from emulator.engine import EngineParams
-from emulator.fleet_config import FleetConfig, SloSpec
-from emulator.ground_truth import attainment_at, capacity_at_slo, capacity_for_config, meets_slo
+from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
+from emulator.ground_truth import (
+    attainment_at,
+    capacity_at_slo,
+    capacity_for_config,
+    fleet_capacity_for_config,
+    meets_slo,
+)
 from emulator.records import FinishedReason, FinishedRequest
 from emulator.trace_replay import TraceFormat
 from emulator.workload import (
@@ -138,3 +144,35 @@ def test_capacity_for_config_measures_the_configured_engine_mix_and_slo(tmp_path
     assert got == want
     assert got.slo == config.slo
     assert got.capacity_rps > 0
+
+
+def test_a_fleet_of_one_replica_has_the_replicas_own_capacity() -> None:
+    alone = FleetConfig(
+        topology=TopologySpec(zones=("zone-a",), hosts_per_zone=1, replicas_per_host=1),
+        engine=ENGINE,
+        router=RouterSpec(policy=RouterPolicy.ROUND_ROBIN),
+        workload=SINGLE_TURNS,
+        slo=SLO,
+    )
+    assert fleet_capacity_for_config(alone, seed=3, requests=400) == capacity_for_config(
+        alone, seed=3, requests=400
+    )
+
+
+def test_a_fleet_behind_a_router_carries_at_least_a_lone_replicas_rate_each() -> None:
+    # Six replicas fed one Poisson stream: least-loaded routing evens out bursts, and round
+    # robin hands each replica every sixth arrival, a steadier stream than a lone Poisson one;
+    # so each replica carries at least what it carries alone, and the fleet-level truth is
+    # the number a fleet's refit must be judged against.
+    fleet = FleetConfig(
+        topology=TopologySpec(zones=("zone-a", "zone-b"), hosts_per_zone=1, replicas_per_host=3),
+        engine=ENGINE,
+        workload=SINGLE_TURNS,
+        slo=SLO,
+    )
+    alone = capacity_for_config(fleet, seed=5, requests=1500).capacity_rps
+    for policy in (RouterPolicy.LEAST_LOADED, RouterPolicy.ROUND_ROBIN):
+        routed = replace(fleet, router=RouterSpec(policy=policy))
+        each = fleet_capacity_for_config(routed, seed=5, requests=1500)
+        assert each.capacity_rps >= alone * 0.98, policy
+        assert each.attainment_ratio >= SLO.target_ratio

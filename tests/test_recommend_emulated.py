@@ -102,6 +102,9 @@ def test_the_refit_is_within_15_percent_of_the_truth_when_the_knee_was_observed(
     assert not fit["extrapolated"]
     assert fit["load_max"] > truth  # the ramp went through the knee
     assert fit["knee_load"] == pytest.approx(truth, rel=0.15)
+    # ... and of the fleet's own truth, its three replicas behind least-loaded routing.
+    fleet_truth = float(manifest["ground_truth"]["fleet_capacity_rps_per_replica"])
+    assert fit["knee_load"] == pytest.approx(fleet_truth, rel=0.15)
     assert fit["knee_low_load"] <= fit["knee_load"] <= fit["knee_high_load"]
     # The record sizes on it: one replica's capacity in req/min is the knee x 60.
     capacity = next(i for i in document["inputs"] if i["path"] == "replica.capacity_req_per_min")
