@@ -101,17 +101,7 @@ def measure(
 ) -> Measurements:
     notes: list[str] = []
     roll_up_request_minutes(store)
-    targets = store.read_targets().collect()
-    placed = targets.filter(
-        (pl.col("kind") == "vllm") & pl.col("replica").is_not_null() & pl.col("host").is_not_null()
-    )
-    layout = NO_LAYOUT
-    if placed.height:
-        rows = placed.select("replica", "host", pl.col("zone").fill_null("(no zone)")).rows()
-        layout = layout_from_inventory(rows)
-    else:
-        notes.append("no scrape targets with replica and host: placement taken as stated")
-
+    layout = _layout(store, notes)
     fit: KneeFit | None = None
     limit = requirement.slo.latency_limit_s
     window = _window(store, from_ts, to_ts)
@@ -126,9 +116,11 @@ def measure(
             end=window[1],
         )
     )
+    # One read of the window's requests serves the capacity fit and the observed demand.
+    requests = None if window is None else store.read_requests(from_ts=window[0], to_ts=window[1])
     pools: tuple[PoolCapacity, ...] = ()
     slo = requirement.slo
-    if window is None:
+    if window is None or requests is None:  # one is None only with the other
         notes.append("no traced request minutes in the window: capacity taken as stated")
     elif slo.attainment:
         spec = AttainmentSpec(
@@ -138,7 +130,7 @@ def measure(
             seed=FIT_SEED,
         )
         pools, pool_notes = pool_capacities(
-            store.read_requests(from_ts=window[0], to_ts=window[1]),
+            requests,
             spec=spec,
             data=f"traced requests, {window[0]:%Y-%m-%d %H:%M} to {window[1]:%Y-%m-%d %H:%M} UTC",
             running=frames.get("scheduler_state"),
@@ -200,17 +192,34 @@ def measure(
             )
         except ValueError as exc:
             notes.append(f"cache hit ratio spread not usable: {exc}")
-    demand = None if window is None else _observed_demand(store, requirement, window, notes)
+    demand = None if requests is None else _observed_demand(requests, requirement, notes)
     return Measurements(
         fit=fit, hit_ratio=hit_ratio, layout=layout, notes=tuple(notes), pools=pools, demand=demand
     )
 
 
+def _layout(store: Store, notes: list[str]) -> Layout:
+    """Where replicas sit today, from the scrape targets that name their replica and host."""
+    placed = (
+        store.read_targets()
+        .filter(
+            (pl.col("kind") == "vllm")
+            & pl.col("replica").is_not_null()
+            & pl.col("host").is_not_null()
+        )
+        .collect()
+    )
+    if not placed.height:
+        notes.append("no scrape targets with replica and host: placement taken as stated")
+        return NO_LAYOUT
+    rows = placed.select("replica", "host", pl.col("zone").fill_null("(no zone)")).rows()
+    return layout_from_inventory(rows)
+
+
 def _observed_demand(
-    store: Store, requirement: Requirement, window: tuple[datetime, datetime], notes: list[str]
+    requests: pl.LazyFrame, requirement: Requirement, notes: list[str]
 ) -> ObservedDemand | None:
     """The window's traced arrivals, of the requirement's pool when it names one."""
-    requests = store.read_requests(from_ts=window[0], to_ts=window[1])
     if requirement.pool is not None:
         requests = requests.filter(pl.col("pool") == requirement.pool)
     demand = observed_demand(requests)
