@@ -107,11 +107,12 @@ def ingest_pages(
     foresee, the batch is read again page by page and that page alone becomes a failed
     scrape, named in `scrapes` and `ingest_errors`; the other pages are stored as usual."""
     report = MetricIngestReport(pages=len(pages))
+    unread: list[Reject] = []  # pages that could not be read, as their failed scrapes
     try:
         prepared = _prepare(pages, report, keep_uncatalogued=keep_uncatalogued)
     except Exception:  # noqa: BLE001 (isolated below, page by page)
         report = MetricIngestReport(pages=len(pages))
-        prepared = _prepare_each(pages, report, keep_uncatalogued=keep_uncatalogued)
+        prepared, unread = _prepare_each(pages, report, keep_uncatalogued=keep_uncatalogued)
     report.new_scrapes, report.new_points = store.write_scrapes(
         prepared.scrapes, prepared.samples, targets=prepared.targets
     )
@@ -120,43 +121,43 @@ def ingest_pages(
     report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
     if report.new_scrapes:
         store.count_unknown_families(unknown.cast(UNKNOWN_FAMILIES_SCHEMA))
-    errors = report.line_errors + [
-        r for r in report.failed_scrapes if r.message.startswith(_UNREAD)
-    ]
+    errors = report.line_errors + unread
     if errors:
         store.write_ingest_errors(rejects_frame(errors, recorded_ts=store.now()))
     return report
 
 
-_UNREAD = "the page could not be read: "
-
-
 def _prepare_each(
     pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool
-) -> _Prepared:
-    """`_prepare` one page at a time; a page that fails becomes a failed scrape."""
+) -> tuple[_Prepared, list[Reject]]:
+    """`_prepare` one page at a time; a page that fails becomes a failed scrape, also returned
+    on its own (it goes to `ingest_errors`, which a fetch failure does not)."""
     parts: list[_Prepared] = []
+    unread: list[Reject] = []
     for page in pages:
         own = MetricIngestReport()
         try:
             parts.append(_prepare([page], own, keep_uncatalogued=keep_uncatalogued))
-            report.line_errors += own.line_errors
-            report.failed_scrapes += own.failed_scrapes
         except Exception as exc:  # noqa: BLE001 (the page's failure, recorded as its scrape's)
+            own = MetricIngestReport()
             failed = Page(
                 page.target,
                 page.scrape_ts,
                 None,
                 page.duration_s,
-                error=f"{_UNREAD}{type(exc).__name__}: {exc}",
+                error=f"the page could not be read: {type(exc).__name__}: {exc}",
             )
-            parts.append(_prepare([failed], report, keep_uncatalogued=keep_uncatalogued))
-    return _Prepared(
+            parts.append(_prepare([failed], own, keep_uncatalogued=keep_uncatalogued))
+            unread += own.failed_scrapes
+        report.line_errors += own.line_errors
+        report.failed_scrapes += own.failed_scrapes
+    prepared = _Prepared(
         scrapes=pl.concat([p.scrapes for p in parts]),
         samples=pl.concat([p.samples for p in parts]),
         unknown=pl.concat([p.unknown for p in parts]),
         targets=pl.concat([p.targets for p in parts]),
     )
+    return prepared, unread
 
 
 def _prepare(
