@@ -27,7 +27,7 @@ class CostSpec:
 
 
 def usd_per_month(
-    *, replicas: int, gpus_per_replica: int, usd_per_gpu_hour: float, hours_per_month: float
+    *, replicas: float, gpus_per_replica: int, usd_per_gpu_hour: float, hours_per_month: float
 ) -> float:
     return replicas * gpus_per_replica * usd_per_gpu_hour * hours_per_month
 
@@ -68,9 +68,8 @@ def cost_lines(
     """The fleet's cost lines. Per million output tokens is at the demand's token rate as if it
     held all month (peak-sized: the cost of a token served at peak); per user-month divides the
     peak-sized month by the users it serves."""
-    gpus = replicas * gpus_per_replica
     hourly = derived(
-        gpus * usd_per_gpu_hour.value,
+        replicas * gpus_per_replica * usd_per_gpu_hour.value,
         "usd/hour",
         f"{replicas} replicas x {gpus_per_replica} GPUs x {usd_per_gpu_hour.text()}",
     )
@@ -88,32 +87,39 @@ def cost_lines(
             f"{usd_text(hourly.value)}/hour / ({fmt(output_tokens_per_s.value)} output tokens/s x "
             "3,600 s), the demand's rate held all hour",
         )
-    per_user = None
-    if users is not None and users.value > 0:
-        per_user = derived(
-            monthly.value / users.value,
-            "usd/user-month",
-            f"{usd_text(monthly.value)}/month / {fmt(users.value)} users, peak-sized capacity",
-        )
-    scaled = scaled_per_user = None
+    scaled = None
     if autoscaled is not None:
         scaled = derived(
-            autoscaled.mean_replicas
-            * gpus_per_replica
-            * usd_per_gpu_hour.value
-            * hours_per_month.value,
+            usd_per_month(
+                replicas=autoscaled.mean_replicas,
+                gpus_per_replica=gpus_per_replica,
+                usd_per_gpu_hour=usd_per_gpu_hour.value,
+                hours_per_month=hours_per_month.value,
+            ),
             "usd/month",
             f"{fmt(autoscaled.mean_replicas)} replicas on average over {autoscaled.hours} "
             f"observed hours x {gpus_per_replica} GPUs x {usd_per_gpu_hour.text()} x "
             f"{hours_per_month.text()}",
         )
-        if users is not None and users.value > 0:
-            scaled_per_user = derived(
-                scaled.value / users.value,
-                "usd/user-month",
-                f"{usd_text(scaled.value)}/month / {fmt(users.value)} users, autoscaled",
-            )
-    return CostLines(hourly, monthly, per_million, per_user, scaled, scaled_per_user)
+    return CostLines(
+        usd_per_hour=hourly,
+        usd_per_month=monthly,
+        usd_per_million_output_tokens=per_million,
+        usd_per_user_month=_per_user(monthly, users, how="peak-sized capacity"),
+        autoscaled_usd_per_month=scaled,
+        autoscaled_usd_per_user_month=_per_user(scaled, users, how="autoscaled"),
+    )
+
+
+def _per_user(month: Figure | None, users: Figure | None, *, how: str) -> Figure | None:
+    """A month's cost per stated user, or None without a month or users."""
+    if month is None or users is None or users.value <= 0:
+        return None
+    return derived(
+        month.value / users.value,
+        "usd/user-month",
+        f"{usd_text(month.value)}/month / {fmt(users.value)} users, {how}",
+    )
 
 
 def usd_text(value: float) -> str:

@@ -91,13 +91,8 @@ class DecisionRecord:
         if row is None or cost.usd_per_gpu_hour is None:
             return None
         demand = self.fleet.demand
+        # The token model gives the decode rate; a request rate needs the observed answers.
         tokens = demand.decode_tokens_per_s
-        if tokens is None and demand.answer_tokens is not None:
-            tokens = derived(
-                demand.req_per_min.value / 60 * demand.answer_tokens.value,
-                "tokens/s",
-                f"{demand.req_per_min.text()} / 60 s x {demand.answer_tokens.text()}",
-            )
         observed = self.observed_demand
         if tokens is None and observed is not None and observed.output_tokens_per_request:
             tokens = derived(
