@@ -22,6 +22,7 @@ from capacity.demand import TokenDemand
 from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
 from capacity.fleet_size import FleetSize
+from capacity.knee_search import ModelKnee
 from capacity.latency_model import LatencyModel
 from capacity.observed_demand import ObservedDemand
 from capacity.placement import NO_LAYOUT, FailureUnit, Layout
@@ -370,6 +371,54 @@ def _pool_json(pool: PoolCapacity) -> dict[str, Any]:
             for replica in pool.replica_fits
         ],
         "latency_models": [_model_json(m) for m in (pool.ttft_model, pool.tpot_model) if m],
+        "engine_model": None if pool.engine_model is None else _engine_json(pool.engine_model),
+        "model_disagreement_ratio": _num(pool.model_disagreement_ratio),
+    }
+
+
+def _engine_json(model: ModelKnee) -> dict[str, Any]:
+    fit, check = model.engine, model.check
+    return {
+        "knee_rps": _num(model.knee_rps),
+        "knee_low_rps": _num(model.low_rps),
+        "knee_high_rps": _num(model.high_rps),
+        "bootstrap_low_rps": _num(model.bootstrap_low_rps),
+        "bootstrap_high_rps": _num(model.bootstrap_high_rps),
+        "cache_lost_knee_rps": _num(model.cache_lost_knee_rps),
+        "resampled_knees_rps": [_num(k) for k in model.resampled_knees_rps],
+        "replicas": model.replicas,
+        "router": model.router.value,
+        "step_base_s": model.step.base_s,
+        "step_per_seq_s": model.step.per_seq_s,
+        "step_per_prefill_token_s": model.step.per_prefill_token_s,
+        "fitted_step": {
+            "base_s": fit.step.base_s,
+            "per_seq_s": fit.step.per_seq_s,
+            "per_prefill_token_s": fit.step.per_prefill_token_s,
+            "base_s_interval": [_num(v) for v in fit.term_interval("base_s", 0.9)],
+            "per_seq_s_interval": [_num(v) for v in fit.term_interval("per_seq_s", 0.9)],
+            "per_prefill_token_s_interval": [
+                _num(v) for v in fit.term_interval("per_prefill_token_s", 0.9)
+            ],
+        },
+        "fit_requests": fit.requests,
+        "fit_minutes": fit.minutes,
+        "mean_batch": _num(fit.mean_batch),
+        "max_batch_seen": _num(fit.max_batch),
+        "tpot_residual_ratio": _num(fit.residual_ratio),
+        "prefill": check.prefill.name.lower(),
+        "check": {
+            "load_rps": _num(check.load_rps),
+            "observed_attainment_ratio": _num(check.observed_attainment_ratio),
+            "simulated_attainment_ratio": _num(check.simulated_attainment_ratio),
+            "observed_ttft_p90_s": _num(check.observed_ttft_p90_s),
+            "simulated_ttft_p90_s": _num(check.simulated_ttft_p90_s),
+            "observed_tpot_p90_s": _num(check.observed_tpot_p90_s),
+            "simulated_tpot_p90_s": _num(check.simulated_tpot_p90_s),
+            "ttft_offset_s": _num(check.ttft_offset_s),
+        },
+        "summary": model.summary(),
+        "fit_summary": fit.summary(),
     }
 
 
@@ -539,6 +588,8 @@ def _pool_lines(record: DecisionRecord) -> list[str]:
         lines += [
             f"- pool {pool.pool}: {m.summary()}" for m in (pool.ttft_model, pool.tpot_model) if m
         ]
+        if pool.engine_model is not None:
+            lines.append(f"- pool {pool.pool}: engine fit: {pool.engine_model.engine.summary()}")
     return lines
 
 

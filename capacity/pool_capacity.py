@@ -17,7 +17,7 @@ pool served (decode tokens from completions, prefill tokens from prompts).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import polars as pl
@@ -31,16 +31,36 @@ from capacity.attainment_fit import (
     request_outcomes,
 )
 from capacity.capacity_fit import LoadUnit
+from capacity.engine_fit import decode_steps, fit_engine
 from capacity.figure import Figure, fmt, measured
+from capacity.knee_search import KneeSearchSpec, ModelKnee, search_knee
 from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
+from capacity.requirement import Requirement
+from emulator.engine_params import EngineParams
+from emulator.fleet_config import RouterPolicy
 
 NO_POOL = "(no pool)"
 
 
 class CapacityMethod(Enum):
     ATTAINMENT = "attainment crossing"
+    ENGINE_MODEL = "engine model knee"
     LATENCY_MODEL = "latency model extrapolation"
     UNBOUNDED = "no knee located"
+
+
+# The engine model's knee is checked against an observed crossing; further apart than this is
+# a flag (one of them misreads the fleet).
+MODEL_DISAGREEMENT_RATIO = 0.15
+
+
+@dataclass(frozen=True)
+class EngineModelSettings:
+    """How the engine model is fitted and searched for every pool (knee_search.py)."""
+
+    router: RouterPolicy
+    resamples: int = 24
+    limits: EngineParams = field(default_factory=EngineParams)
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,7 @@ class PoolCapacity:
     replica_fits: tuple[AttainmentFit, ...]
     ttft_model: LatencyModel | None
     tpot_model: LatencyModel | None
+    engine_model: ModelKnee | None = None
 
     @property
     def binding_model(self) -> LatencyModel | None:
@@ -62,6 +83,8 @@ class PoolCapacity:
     def method(self) -> CapacityMethod:
         if self.attainment.observed:
             return CapacityMethod.ATTAINMENT
+        if self.engine_model is not None and self.engine_model.knee_rps > 0:
+            return CapacityMethod.ENGINE_MODEL
         model = self.binding_model
         if model is None or math.isinf(model.knee_rps):
             return CapacityMethod.UNBOUNDED
@@ -72,6 +95,12 @@ class PoolCapacity:
         match self.method:
             case CapacityMethod.ATTAINMENT:
                 return fit.knee_load, fit.knee_low_load, fit.knee_high_load
+            case CapacityMethod.ENGINE_MODEL:
+                engine = self.engine_model
+                assert engine is not None  # the method says the engine model drives
+                # Attainment held up to the highest observed load: no knee lies below it.
+                knee = max(engine.knee_rps, floor)
+                return knee, max(engine.low_rps, floor), max(engine.high_rps, knee)
             case CapacityMethod.LATENCY_MODEL:
                 model = self.binding_model
                 assert model is not None  # the method says a model binds
@@ -122,7 +151,17 @@ class PoolCapacity:
 
     @property
     def extrapolated(self) -> bool:
-        return self.method is not CapacityMethod.ATTAINMENT
+        """A knee beyond the observed load that no model of the engine supports."""
+        return self.method in (CapacityMethod.LATENCY_MODEL, CapacityMethod.UNBOUNDED)
+
+    @property
+    def model_disagreement_ratio(self) -> float | None:
+        """The engine model's knee against the observed crossing, when both exist."""
+        if self.method is not CapacityMethod.ATTAINMENT or self.engine_model is None:
+            return None
+        if not self.attainment.knee_load > 0:
+            return None
+        return self.engine_model.knee_rps / self.attainment.knee_load - 1.0
 
     @property
     def extrapolation_ratio(self) -> float:
@@ -138,7 +177,23 @@ class PoolCapacity:
         head = f"pool {self.pool}, {self.method.value}"
         match self.method:
             case CapacityMethod.ATTAINMENT:
-                return f"{head}: {self.attainment.summary()}"
+                text = f"{head}: {self.attainment.summary()}"
+                disagreement = self.model_disagreement_ratio
+                if self.engine_model is not None and disagreement is not None:
+                    text += (
+                        f"; the engine model puts the knee at "
+                        f"{fmt(self.engine_model.knee_rps)} req/s ({disagreement:+.0%})"
+                    )
+                return text
+            case CapacityMethod.ENGINE_MODEL:
+                engine = self.engine_model
+                assert engine is not None
+                return (
+                    f"{head}: {self.attainment.summary()}; {engine.summary()}; the knee is "
+                    f"{self.knee_load / self.load_max:.1f}x the highest observed load"
+                    if self.load_max > 0
+                    else f"{head}: {engine.summary()}"
+                )
             case CapacityMethod.LATENCY_MODEL:
                 model = self.binding_model
                 assert model is not None
@@ -177,6 +232,11 @@ def pool_capacity_figure(capacity: PoolCapacity, *, rate_form: bool) -> Figure:
         how = f"knee req/s x {fmt(scale)} completion tokens per request"
     low, high = capacity.knee_low_load * scale, capacity.knee_high_load * scale
     why = f"{capacity.confidence_ratio:.0%} bootstrap interval over minutes"
+    if capacity.method is CapacityMethod.ENGINE_MODEL:
+        why = (
+            f"{capacity.confidence_ratio:.0%} interval of the engine model's knee over refits on "
+            "resampled minutes, widened by the model's own error"
+        )
     if capacity.extrapolated:
         low = min(low, capacity.load_max * scale)
         why += (
@@ -190,6 +250,18 @@ def pool_capacity_figure(capacity: PoolCapacity, *, rate_form: bool) -> Figure:
         low=low,
         high=high,
     )
+
+
+def engine_model_settings(requirement: Requirement) -> EngineModelSettings:
+    """The requirement's router and stated engine limits; the emulator's defaults otherwise."""
+    limits = EngineParams()
+    if requirement.max_num_seqs is not None:
+        limits = replace(
+            limits,
+            max_num_seqs=requirement.max_num_seqs,
+            max_num_batched_tokens=max(limits.max_num_batched_tokens, requirement.max_num_seqs),
+        )
+    return EngineModelSettings(router=requirement.placement.router, limits=limits)
 
 
 def _pool_column(requests: pl.LazyFrame) -> pl.LazyFrame:
@@ -237,9 +309,11 @@ def pool_capacities(
     data: str,
     running: pl.LazyFrame | None = None,
     prefix: pl.LazyFrame | None = None,
+    engine_model: EngineModelSettings | None = None,
 ) -> tuple[tuple[PoolCapacity, ...], tuple[str, ...]]:
     """Each pool's capacity from traced requests (and scraped per-minute frames where given),
-    and notes on pools or models that could not be fitted."""
+    and notes on pools or models that could not be fitted. With `engine_model`, each pool's
+    engine is fitted from its requests and its knee searched in simulation (knee_search.py)."""
     outcomes = (
         requests.filter(pl.col("replica").is_not_null())
         .pipe(_pool_column)
@@ -301,8 +375,89 @@ def pool_capacities(
                 resamples=spec.resamples,
                 confidence_ratio=spec.confidence_ratio,
             )
-        found.append(PoolCapacity(pool, fit, tuple(replica_fits), ttft, tpot))
+        model = None
+        if engine_model is not None:
+            model = _engine_model(
+                outcomes.filter(pl.col("pool") == pool),
+                prefix=prefix,
+                fit=fit,
+                spec=spec,
+                settings=engine_model,
+                data=data,
+                notes=notes,
+            )
+        capacity = PoolCapacity(pool, fit, tuple(replica_fits), ttft, tpot, model)
+        disagreement = capacity.model_disagreement_ratio
+        if disagreement is not None and abs(disagreement) > MODEL_DISAGREEMENT_RATIO:
+            notes.append(
+                f"pool {pool}: flag: the engine model's knee "
+                f"({fmt(model.knee_rps if model else math.nan)} req/s) is {disagreement:+.0%} "
+                f"from the observed crossing ({fmt(fit.knee_load)} req/s), beyond "
+                f"{MODEL_DISAGREEMENT_RATIO:.0%}: the crossing is used; the model misreads "
+                "this fleet, or the crossing was a transient"
+            )
+        found.append(capacity)
     return tuple(found), tuple(notes)
+
+
+def _engine_model(
+    outcomes: pl.LazyFrame,
+    *,
+    prefix: pl.LazyFrame | None,
+    fit: AttainmentFit,
+    spec: AttainmentSpec,
+    settings: EngineModelSettings,
+    data: str,
+    notes: list[str],
+) -> ModelKnee | None:
+    """One pool's engine model knee, or None with a note saying why not."""
+    # In a fixed order: the replay draws its shapes by position.
+    requests = outcomes.sort("replica", "arrival_ts", "end_ts", "request_id").collect()
+    hit_ratio = None
+    if prefix is not None:
+        replicas = requests.select("replica").unique().lazy()
+        sums = (
+            prefix.join(replicas, on="replica", how="inner")
+            .sort("replica", "minute_ts")
+            .select(pl.col("hits_tokens").sum(), pl.col("queries_tokens").sum())
+            .collect()
+        )
+        hits, queries = sums.row(0)
+        if queries:
+            hit_ratio = float(hits) / float(queries)
+    try:
+        engine = fit_engine(
+            decode_steps(requests.lazy()).collect(),
+            seed=spec.seed,
+            resamples=settings.resamples,
+            source=data,
+        )
+        return search_knee(
+            engine,
+            requests,
+            load_rps=float(
+                requests.group_by("minute_ts")
+                .agg(load=pl.len() / pl.col("replica").n_unique() / 60.0)
+                .sort("minute_ts")
+                .get_column("load")
+                .mean()  # type: ignore[arg-type]
+            ),
+            hit_ratio=hit_ratio,
+            spec=KneeSearchSpec(
+                ttft_limit_s=spec.ttft_limit_s,
+                tpot_limit_s=spec.tpot_limit_s,
+                target_ratio=spec.target_ratio,
+                replicas=fit.replicas,
+                router=settings.router,
+                seed=spec.seed,
+                resamples=settings.resamples,
+                confidence_ratio=spec.confidence_ratio,
+                limits=settings.limits,
+            ),
+        )
+    except ValueError as exc:
+        notes.append(f"pool {fit.group.removeprefix('pool ')}: engine model not fitted: {exc}")
+        return None
 
 
 def _with_replica_count(fit: AttainmentFit, replicas: int) -> AttainmentFit:

@@ -26,6 +26,7 @@ from capacity.demand import OBSERVED, RateDemand, TokenDemand
 from capacity.figure import Figure, SourceKind, assumed
 from capacity.placement import FailureUnit
 from capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
+from emulator.fleet_config import RouterPolicy
 from slo.fields import Fields, read_toml
 
 DEFAULT_RECOVERY_INTERVAL_S = 180.0
@@ -57,6 +58,8 @@ class PlacementSpec:
     replicas_per_host: int
     zones: tuple[str, ...]
     candidate_hosts: tuple[int, ...] = ()
+    # The router the knee search simulates the pool behind (knee_search.py).
+    router: RouterPolicy = RouterPolicy.ROUND_ROBIN
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class Requirement:
     risk: RiskSettings
     slo: SloTarget
     pool: str | None = None  # whose measured capacity replaces the stated one
+    # The engine's limit on running sequences, which spans cannot show (the knee search's
+    # engine uses the emulator's default, 256, unless stated).
+    max_num_seqs: int | None = None
 
 
 def default_recovery_interval() -> Figure:
@@ -312,6 +318,11 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     replica_section = root.table("replica")
     replica = _replica(replica_section)
     pool = replica_section.text("pool")
+    max_num_seqs = (
+        replica_section.positive_whole("max_num_seqs", default=1)
+        if replica_section.has("max_num_seqs")
+        else None
+    )
     replica_section.done()
 
     placement_section = root.table("placement")
@@ -319,6 +330,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         replicas_per_host=placement_section.positive_whole("replicas_per_host", default=1),
         zones=placement_section.strings("zones") or ("zone-1",),
         candidate_hosts=placement_section.positive_wholes("candidate_hosts"),
+        router=placement_section.choice("router", RouterPolicy, default=RouterPolicy.ROUND_ROBIN),
     )
     if len(set(placement.zones)) != len(placement.zones):
         raise placement_section.fail("zones", f"lists a zone twice: {list(placement.zones)}")
@@ -411,6 +423,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         risk=risk,
         slo=slo,
         pool=pool,
+        max_num_seqs=max_num_seqs,
     )
 
 

@@ -27,6 +27,7 @@ from emulator.engine import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
 from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.sampled_workload import SampledMix
 from emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, WorkloadSpec
 
 PROBE_START_S = 1_800_000_000.0  # any instant will do; probes never read a wall clock
@@ -112,7 +113,7 @@ class _Judge:
 
 def attainment_at(
     engine: EngineParams,
-    workload: WorkloadSpec,
+    workload: WorkloadSpec | SampledMix,
     *,
     rate_rps: float,
     slo: SloSpec,
@@ -124,7 +125,8 @@ def attainment_at(
     """Simulate one replica at `rate_rps` and judge about `requests` requests after a warm-up;
     with `fleet`, its topology and router at `rate_rps` per replica, all replicas judged.
 
-    The warm-up is `warmup_ratio` of the judged window, and at least
+    `workload` is a synthetic mix, or shapes sampled from served requests (a capacity model's
+    replay). The warm-up is `warmup_ratio` of the judged window, and at least
     `CONVERSATION_WARMUP_S` when conversations have follow-up turns, which arrive a think
     time after earlier turns and so take a while to reach their steady share of the load.
     Requests still unfinished when the judged ones should long have drained (the window
@@ -136,12 +138,17 @@ def attainment_at(
     total_rps = rate_rps * replicas
     window_s = requests / total_rps
     warmup_s = warmup_ratio * window_s
-    if workload.conversation.turns_mean > 1.0:
+    if isinstance(workload, WorkloadSpec) and workload.conversation.turns_mean > 1.0:
         warmup_s = max(warmup_s, CONVERSATION_WARMUP_S)
     from_s = PROBE_START_S + warmup_s
     to_s = from_s + window_s
-    mix = workload.with_rate(total_rps)
-    source = SyntheticWorkload(mix, seed=seed, start_s=PROBE_START_S, until_s=to_s)
+    source: RequestSource
+    if isinstance(workload, SampledMix):
+        mix = fleet.workload if fleet is not None else WorkloadSpec()
+        source = workload.source(total_rps, seed=seed, start_s=PROBE_START_S, until_s=to_s)
+    else:
+        mix = workload.with_rate(total_rps)
+        source = SyntheticWorkload(mix, seed=seed, start_s=PROBE_START_S, until_s=to_s)
     judge = _Judge(source, slo=slo, from_s=from_s, to_s=to_s)
     if fleet is None:
         config = FleetConfig(
@@ -164,7 +171,7 @@ def attainment_at(
 
 def capacity_at_slo(
     engine: EngineParams,
-    workload: WorkloadSpec,
+    workload: WorkloadSpec | SampledMix,
     *,
     slo: SloSpec | None = None,
     seed: int = 0,
@@ -172,12 +179,19 @@ def capacity_at_slo(
     tolerance_ratio: float = 0.02,
     first_rate_rps: float = 1.0,
     fleet: FleetConfig | None = None,
+    growth_ratio: float = 2.0,
 ) -> CapacityAtSlo:
     """The largest Poisson request rate one replica serves with attainment >= target; with
-    `fleet`, per replica of that fleet, its router spreading the whole stream."""
+    `fleet`, per replica of that fleet, its router spreading the whole stream.
+
+    The bracket grows (or shrinks) by `growth_ratio` a probe from `first_rate_rps`: a search
+    that starts near its answer (a resample of a fit already searched) brackets it sooner with
+    a small ratio."""
     slo = slo or SloSpec()
     if not 0 < tolerance_ratio < 1:
         raise ValueError(f"tolerance_ratio must be in (0, 1), got {tolerance_ratio}")
+    if not growth_ratio > 1:
+        raise ValueError(f"growth_ratio must be > 1, got {growth_ratio}")
     probes: list[CapacityProbe] = []
 
     def probe(rate_rps: float) -> CapacityProbe:
@@ -193,14 +207,14 @@ def capacity_at_slo(
     first = probe(first_rate_rps)
     if meets(first):
         good = first
-        while meets(result := probe(good.rate_rps * 2)):
+        while meets(result := probe(good.rate_rps * growth_ratio)):
             if result.rate_rps > MAX_RATE_RPS:
                 raise ValueError(f"attainment still meets the target at {result.rate_rps} req/s")
             good = result
         bad = result
     else:
         bad = first
-        while not meets(result := probe(bad.rate_rps / 2)):
+        while not meets(result := probe(bad.rate_rps / growth_ratio)):
             if result.rate_rps < MIN_RATE_RPS:
                 return CapacityAtSlo(0.0, 0.0, slo, tuple(probes), requests, seed)
             bad = result

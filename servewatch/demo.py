@@ -134,16 +134,29 @@ def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
     )
 
 
-def _requirement(capacity_req_per_min: float) -> dict[str, Any]:
+def _requirement(config: FleetConfig, capacity_req_per_min: float) -> dict[str, Any]:
+    """The demo's requirement: the fleet's own SLO, router and running-sequence limit (which
+    spans cannot show), the stated capacity the emulator's truth for one replica."""
     return {
         "name": "demo-chat",
         "failure_unit": "host",
         "headroom_ratio": 0.2,
-        "slo": {"latency": "p95 TTFT", "latency_limit_s": 0.5},
+        "slo": {
+            "ttft_limit_s": config.slo.ttft_s,
+            "tpot_limit_s": config.slo.tpot_s,
+            "target_ratio": config.slo.target_ratio,
+        },
         # The recorded day's peak minute, measured by the recommender, grown by half.
         "demand": {"req_per_min": "observed", "growth_ratio": 1.5},
-        "replica": {"capacity_req_per_min": round(capacity_req_per_min, 1)},
-        "placement": {"replicas_per_host": REPLICAS_PER_HOST, "zones": ["zone-a", "zone-b"]},
+        "replica": {
+            "capacity_req_per_min": round(capacity_req_per_min, 1),
+            "max_num_seqs": config.engine.max_num_seqs,
+        },
+        "placement": {
+            "replicas_per_host": REPLICAS_PER_HOST,
+            "zones": ["zone-a", "zone-b"],
+            "router": config.router.policy.value,
+        },
         "recovery": {"interval_s": 180, "replacement_startup_s": 90},
         "cost": {"usd_per_gpu_hour": 2.5},
     }
@@ -214,7 +227,7 @@ def run_demo(
         files = write_report(report, out / "report")
         progress("sizing the fleet")
         requirement = parse_requirement(
-            _requirement(truth.capacity_rps * 60), where="demo requirement"
+            _requirement(config, truth.capacity_rps * 60), where="demo requirement"
         )
         record, _ = recommend_from_store(store, requirement=requirement)
     (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")

@@ -21,7 +21,7 @@ from capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
 from capacity.decision_record import DecisionRecord
 from capacity.observed_demand import ObservedDemand, observed_demand
 from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
-from capacity.pool_capacity import PoolCapacity, pool_capacities
+from capacity.pool_capacity import PoolCapacity, engine_model_settings, pool_capacities
 from capacity.recommendation import recommend
 from capacity.requirement import Requirement
 from capacity.sizing import RateCapacity
@@ -135,6 +135,7 @@ def measure(
             data=f"traced requests, {window[0]:%Y-%m-%d %H:%M} to {window[1]:%Y-%m-%d %H:%M} UTC",
             running=frames.get("scheduler_state"),
             prefix=frames.get("prefix_cache"),
+            engine_model=engine_model_settings(requirement),
         )
         notes.extend(pool_notes)
         fit, pool_note = _chosen_pool(pools, requirement.pool)

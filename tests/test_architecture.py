@@ -15,7 +15,7 @@ ALLOWED: dict[str, set[str]] = {
     "collectors": {"pipeline"},
     "slo": {"pipeline"},
     "dashboards": {"pipeline"},
-    "capacity": {"slo", "pipeline"},
+    "capacity": {"slo", "pipeline", "emulator"},  # capacity/ drives the emulator as a simulator
     "emulator": set(),
     "servewatch": {"collectors", "pipeline", "slo", "capacity", "dashboards", "emulator"},
 }

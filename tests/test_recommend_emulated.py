@@ -45,6 +45,7 @@ capacity_req_per_min = 200
 [placement]
 replicas_per_host = 1
 zones = ["zone-a", "zone-b", "zone-c"]
+router = "least_loaded"   # the emulated fleets' router
 """
 
 TOKEN_REQUIREMENT = """
@@ -124,30 +125,39 @@ def test_the_refit_is_within_15_percent_of_the_truth_when_the_knee_was_observed(
     assert document["risk"]["riskiest"]["assumption"] == "demand.peak_req_per_min"
 
 
-def test_the_record_says_extrapolated_when_load_stayed_below_half_the_truth(
+def test_below_half_the_knee_the_engine_model_finds_the_fleets_capacity(
     cases: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path, runner: CliRunner
 ) -> None:
     db, manifest = cases["low"]
     truth = truth_rps(manifest)
+    fleet_truth = float(manifest["ground_truth"]["fleet_capacity_rps_per_replica"])
     record = recommended(db, RATE_REQUIREMENT)
     document = record.to_json()
     fit = document["capacity_fit"]
     assert fit["load_max"] < truth / 2
-    assert fit["extrapolated"]
-    assert fit["knee_load"] > fit["load_max"]
-    assert "extrapolated" in fit["summary"]
-    assert document["capacity_by_pool"][0]["extrapolated"]
+    # Attainment never crossed, so the knee comes from the fitted engine in simulation, not
+    # from a line extrapolated past the data (which said +38% here).
+    assert fit["method"] == "engine model knee"
+    assert not fit["extrapolated"]
+    assert fit["knee_load"] == pytest.approx(fleet_truth, rel=0.15)
+    assert fit["knee_low_load"] <= fleet_truth <= fit["knee_high_load"]
+    assert "the fitted engine" in fit["summary"]
+    assert "least-loaded" in fit["summary"]
+    (pool,) = document["capacity_by_pool"]
+    assert pool["method"] == "engine model knee"
+    model = pool["engine_model"]
+    assert model["knee_rps"] == pytest.approx(fleet_truth, rel=0.15)
+    assert model["step_base_s"] == pytest.approx(0.02, rel=0.1)  # the engine's 20 ms step
+    assert model["replicas"] == 3
+    assert model["router"] == "least_loaded"
     kinds = {flag["kind"] for flag in document["risk"]["flags"]}
-    assert "extrapolated knee" in kinds
-    # A narrow load range names the capacity fit as the riskiest assumption, and its range
-    # reaches down to the highest load observed.
-    riskiest = document["risk"]["riskiest"]
-    assert riskiest["assumption"] == "replica.capacity_req_per_min"
-    assert "extrapolated" in riskiest["reason"]
+    assert "extrapolated knee" not in kinds
     capacity = next(i for i in document["inputs"] if i["path"] == "replica.capacity_req_per_min")
-    assert capacity["low"] == pytest.approx(fit["load_max"] * 60)
+    assert capacity["kind"] == "measured"
+    assert capacity["value"] == pytest.approx(fit["knee_load"] * 60)
+    assert capacity["low"] == pytest.approx(fit["knee_low_load"] * 60)
     markdown = record.to_markdown()
-    assert "extrapolated" in markdown
+    assert "engine model knee" in markdown
     assert "## Measured capacity per replica" in markdown
 
     # The command line says the same, in JSON and in decision.md.
@@ -160,9 +170,8 @@ def test_the_record_says_extrapolated_when_load_stayed_below_half_the_truth(
     )
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
-    assert printed["capacity_fit"]["extrapolated"]
-    assert printed["risk"]["riskiest"]["assumption"] == "replica.capacity_req_per_min"
-    assert "extrapolated" in out.read_text(encoding="utf-8")
+    assert printed["capacity_fit"]["method"] == "engine model knee"
+    assert "engine model knee" in out.read_text(encoding="utf-8")
 
 
 def test_an_unstable_cache_hit_ratio_is_the_riskiest_assumption(

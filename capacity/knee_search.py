@@ -1,0 +1,484 @@
+"""Knee search: capacity at the SLO of the fitted engine, found by simulating it.
+
+The fitted step time (engine_fit.py) runs in the emulator's continuous-batching engine, fed the
+request shapes the pool served (prompt and answer lengths drawn jointly, with replacement) as a
+Poisson stream, on the pool's own replica count behind its router; the emulator's capacity
+search (emulator/ground_truth.py) bisects on the rate per replica for the largest one at which
+`target_ratio` of requests meet both limits. The limits on the engine the spans cannot show
+(sequences per step, the token budget per step, KV blocks) are the engine's defaults unless
+the requirement or the scrape states them; the largest batch seen is reported as a lower bound.
+
+What the engine model leaves out, the fleet's own latencies show: a request's TTFT also holds
+time outside the engine's steps (the HTTP server, tokenization, the router). The model is run at
+the load the pool actually carried and its median TTFT compared with the observed median; the
+difference is the TTFT offset, taken off the TTFT limit the simulated requests are judged by.
+The same run's p90 TTFT and TPOT against the observed ones say how well the model reproduces
+the fleet.
+
+The interval: every bootstrap resample of the engine fit is searched again, with its own
+simulation seed, so both the fit's uncertainty and the simulation's noise widen it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import polars as pl
+
+from capacity.engine_fit import EngineFit, StepTime, quantile_pair
+from capacity.figure import fmt
+from emulator.engine_params import EngineParams
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
+from emulator.ground_truth import PROBE_START_S, capacity_at_slo
+from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.sampled_workload import SampledMix
+from emulator.workload import WorkloadSpec
+
+UNLIMITED_S = 1e9  # a limit the requirement does not state
+MAX_SHAPES = 20_000
+CHECK_REQUESTS = 3000
+# A resample's knee lies near the point estimate: bracket it in small steps from there.
+RESAMPLE_GROWTH_RATIO = 1.15
+# A replay is preferred over the plain one only when its attainment at the observed load is
+# nearer the observed by more than this (simulation noise at CHECK_REQUESTS is about 0.5%).
+CHECK_MARGIN_RATIO = 0.01
+MIN_HIT_RATIO = 0.05
+# The engine model's own error, which no resample of the data shows: simulators of a fitted
+# engine reach 7-9% against real vLLM (Vidur, BLIS); this model, with a step time fitted from
+# spans, is off by up to about 13% on emulated fleets of known capacity (docs/capacity.md).
+MODEL_ERROR_RATIO = 0.1
+
+
+@dataclass(frozen=True)
+class KneeSearchSpec:
+    """What the search judges by and how hard it looks."""
+
+    ttft_limit_s: float | None
+    tpot_limit_s: float | None
+    target_ratio: float
+    replicas: int
+    router: RouterPolicy
+    seed: int
+    resamples: int = 24
+    requests_per_probe: int = 3000
+    tolerance_ratio: float = 0.02
+    confidence_ratio: float = 0.9
+    limits: EngineParams = field(default_factory=EngineParams)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas is {self.replicas}; allowed: 1 or more")
+        if self.resamples < 0:
+            raise ValueError(f"resamples is {self.resamples}; allowed: 0 or more")
+
+
+class PrefillShape(Enum):
+    """How a replayed request's prefill work is set."""
+
+    SERVED = "served prompt tokens at the fitted cost per token"
+    FROM_TTFT = "each request's own prefill time, from its TTFT, at the cost per uncached token"
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """The fitted model run at the load the pool carried, against what the pool showed."""
+
+    prefill: PrefillShape
+    load_rps: float
+    observed_attainment_ratio: float
+    simulated_attainment_ratio: float
+    observed_ttft_p50_s: float
+    simulated_ttft_p50_s: float
+    observed_ttft_p90_s: float
+    simulated_ttft_p90_s: float
+    observed_tpot_p90_s: float
+    simulated_tpot_p90_s: float
+
+    @property
+    def ttft_offset_s(self) -> float:
+        return max(0.0, self.observed_ttft_p50_s - self.simulated_ttft_p50_s)
+
+    def summary(self) -> str:
+        return (
+            f"prefill as {self.prefill.value}; at the observed {fmt(self.load_rps)} req/s per "
+            f"replica the model meets the SLO for {self.simulated_attainment_ratio:.1%} of "
+            f"requests (observed {self.observed_attainment_ratio:.1%}), p90 TTFT "
+            f"{fmt(self.simulated_ttft_p90_s)} s (observed {fmt(self.observed_ttft_p90_s)}) and "
+            f"p90 TPOT {fmt(self.simulated_tpot_p90_s)} s "
+            f"(observed {fmt(self.observed_tpot_p90_s)}); "
+            f"TTFT outside the engine {fmt(self.ttft_offset_s)} s"
+        )
+
+
+@dataclass(frozen=True)
+class ModelKnee:
+    """The knee of the fitted engine under the observed workload, with its interval."""
+
+    knee_rps: float
+    low_rps: float  # the bootstrap's end widened by MODEL_ERROR_RATIO
+    high_rps: float
+    bootstrap_low_rps: float
+    bootstrap_high_rps: float
+    # Behind prefix-affinity routing, the knee with no prompt cached: the low end reaches it.
+    cache_lost_knee_rps: float | None
+    engine: EngineFit
+    step: StepTime  # the step time searched: the fit's, per uncached token when FROM_TTFT
+    check: ModelCheck
+    resampled_knees_rps: tuple[float, ...]
+    replicas: int
+    router: RouterPolicy
+    confidence_ratio: float
+
+    def summary(self) -> str:
+        return (
+            f"the fitted engine ({self.step.summary()}) simulated on {self.replicas} "
+            f"replicas behind {self.router.value.replace('_', '-')} routing reaches the SLO's "
+            f"target up to {fmt(self.knee_rps)} req/s per replica ({self.confidence_ratio:.0%} "
+            f"interval {fmt(self.low_rps)} to {fmt(self.high_rps)}: "
+            f"{len(self.resampled_knees_rps)} refits on resampled minutes give "
+            f"{fmt(self.bootstrap_low_rps)} to "
+            f"{fmt(self.bootstrap_high_rps)}, widened by the model's own "
+            f"{MODEL_ERROR_RATIO:.0%}{self._cache_lost_text()}); {self.check.summary()}"
+        )
+
+    def _cache_lost_text(self) -> str:
+        if self.cache_lost_knee_rps is None:
+            return ""
+        return (
+            f"; the low end reaches {fmt(self.cache_lost_knee_rps)} req/s, the knee with no "
+            "prompt cached, because prefix-affinity routing spills conversations off their "
+            "replicas as load grows and the hit ratio seen below the knee need not hold at it"
+        )
+
+
+class _Collect:
+    """Observer keeping the finished requests of a check run."""
+
+    def __init__(self, from_s: float) -> None:
+        self._from_s = from_s
+        self.finished: list[FinishedRequest] = []
+
+    def request_finished(self, record: FinishedRequest) -> None:
+        if record.arrival_s >= self._from_s:
+            self.finished.append(record)
+
+    def engine_steps(self, record: EngineSteps) -> None:
+        pass
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        pass
+
+
+def engine_params(step: StepTime, *, limits: EngineParams) -> EngineParams:
+    """The emulator's engine with the fitted step time and the stated (or default) limits;
+    the cache is off because the replayed prefill work already counts the hits."""
+    return replace(
+        limits,
+        step_base_s=step.base_s,
+        step_per_seq_s=step.per_seq_s,
+        step_per_prefill_token_s=step.per_prefill_token_s,
+        enable_prefix_caching=False,
+    )
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One way to replay the pool's requests: their shapes and the step time to run them at."""
+
+    prefill: PrefillShape
+    mix: SampledMix
+    step: StepTime
+    resampled: tuple[StepTime, ...]
+
+
+def _shapes(frame: pl.DataFrame, prompt: pl.Expr, *, seed: int) -> SampledMix:
+    shapes = frame.select(
+        prompt.round().cast(pl.Int64).clip(lower_bound=1).alias("prompt"),
+        pl.col("completion_tokens").fill_null(1).clip(lower_bound=1),
+    ).sort("prompt", "completion_tokens")
+    if shapes.height > MAX_SHAPES:
+        shapes = shapes.sample(MAX_SHAPES, seed=seed).sort("prompt", "completion_tokens")
+    return SampledMix(tuple((int(p), int(c)) for p, c in shapes.iter_rows()))
+
+
+def replays(
+    fit: EngineFit, requests: pl.DataFrame, *, hit_ratio: float | None, seed: int
+) -> tuple[Replay, ...]:
+    """The candidate replays of `requests` (one pool's served requests).
+
+    Always the served prompts at the fitted cost per prompt token, which spreads the cache's
+    savings evenly. With a measured prefix-cache hit ratio, also each request's own prefill:
+    the fitted cost is per served token, so per uncached token it is that over the miss ratio,
+    and a request's uncached tokens are its TTFT less the step it was prefilled in, at that
+    cost, within its prompt. That keeps the long uncached prompts (a conversation that moved
+    replica) that a mean hides, and that miss the TTFT limit at any load.
+    """
+    served = requests.filter(
+        pl.col("ok").fill_null(value=False) & pl.col("ttft_s").is_not_null()
+    ).with_columns(pl.col("prompt_tokens").fill_null(1))
+    found = [
+        Replay(
+            PrefillShape.SERVED,
+            _shapes(served, pl.col("prompt_tokens"), seed=seed),
+            fit.step,
+            fit.resampled,
+        )
+    ]
+    if hit_ratio is not None and MIN_HIT_RATIO <= hit_ratio < 1.0:
+        miss = 1.0 - hit_ratio
+
+        def uncached(step: StepTime) -> StepTime:
+            return replace(step, per_prefill_token_s=step.per_prefill_token_s / miss)
+
+        step = uncached(fit.step)
+        if step.per_prefill_token_s > 0:
+            in_step_s = step.step_s(sequences=fit.mean_batch + 1.0)
+            tokens = ((pl.col("ttft_s") - in_step_s) / step.per_prefill_token_s).clip(
+                lower_bound=1.0, upper_bound=pl.col("prompt_tokens").cast(pl.Float64)
+            )
+            found.append(
+                Replay(
+                    PrefillShape.FROM_TTFT,
+                    _shapes(served, tokens, seed=seed),
+                    step,
+                    tuple(uncached(s) for s in fit.resampled),
+                )
+            )
+    return tuple(found)
+
+
+def _fleet(engine: EngineParams, spec: KneeSearchSpec, slo: SloSpec) -> FleetConfig:
+    return FleetConfig(
+        topology=TopologySpec(zones=("zone-a",), hosts_per_zone=spec.replicas, replicas_per_host=1),
+        engine=engine,
+        router=RouterSpec(policy=spec.router),
+        workload=WorkloadSpec(),
+        slo=slo,
+    )
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def _slo(spec: KneeSearchSpec, *, ttft_offset_s: float) -> SloSpec | None:
+    """The SLO simulated requests are judged by, None when the offset alone breaks it."""
+    ttft_s = UNLIMITED_S if spec.ttft_limit_s is None else spec.ttft_limit_s - ttft_offset_s
+    if ttft_s <= 0:
+        return None
+    return SloSpec(
+        ttft_s=ttft_s,
+        tpot_s=UNLIMITED_S if spec.tpot_limit_s is None else spec.tpot_limit_s,
+        target_ratio=spec.target_ratio,
+    )
+
+
+def _good(ttft_s: float, decode_s: float, completion_tokens: int, slo: SloSpec) -> bool:
+    if ttft_s > slo.ttft_s:
+        return False
+    return completion_tokens <= 1 or decode_s / (completion_tokens - 1) <= slo.tpot_s
+
+
+def check_model(
+    replay: Replay, observed: pl.DataFrame, *, load_rps: float, spec: KneeSearchSpec
+) -> ModelCheck:
+    """Run `replay` at `load_rps` per replica and compare its latencies and attainment with
+    `observed` (the pool's requests, failed ones included)."""
+    total_rps = load_rps * spec.replicas
+    window_s = CHECK_REQUESTS / total_rps
+    from_s = PROBE_START_S + 0.1 * window_s
+    to_s = from_s + window_s
+    collect = _Collect(from_s)
+    open_slo = SloSpec(ttft_s=UNLIMITED_S, tpot_s=UNLIMITED_S, target_ratio=spec.target_ratio)
+    engine = engine_params(replay.step, limits=spec.limits)
+    sim = FleetSimulation(
+        _fleet(engine, spec, open_slo),
+        observer=collect,
+        seed=spec.seed,
+        start_s=PROBE_START_S,
+        source=replay.mix.source(total_rps, seed=spec.seed, start_s=PROBE_START_S, until_s=to_s),
+    )
+    sim.run_until(to_s + max(120.0, window_s))
+    done = [r for r in collect.finished if not r.failed]
+    ttft = [r.ttft_s for r in done]
+    tpot = [r.decode_s / (r.completion_tokens - 1) for r in done if r.completion_tokens > 1]
+    served = observed.filter(pl.col("ok").fill_null(value=False))
+    observed_ttft = served.get_column("ttft_s").drop_nulls().to_list()
+    observed_tpot = (
+        served.filter(pl.col("completion_tokens") > 1)
+        .select((pl.col("e2e_s") - pl.col("ttft_s")) / (pl.col("completion_tokens") - 1))
+        .to_series()
+        .drop_nulls()
+        .to_list()
+    )
+    offset_s = max(0.0, _quantile(observed_ttft, 0.5) - _quantile(ttft, 0.5))
+    slo = _slo(spec, ttft_offset_s=offset_s)
+    simulated = (
+        0.0
+        if slo is None or not done
+        else sum(_good(r.ttft_s, r.decode_s, r.completion_tokens, slo) for r in done)
+        / len(collect.finished)
+    )
+    judged = SloSpec(
+        ttft_s=spec.ttft_limit_s or UNLIMITED_S,
+        tpot_s=spec.tpot_limit_s or UNLIMITED_S,
+        target_ratio=spec.target_ratio,
+    )
+    observed_good = sum(
+        _good(ttft_s, e2e_s - ttft_s, completion, judged)
+        for ttft_s, e2e_s, completion in served.select(
+            "ttft_s", "e2e_s", pl.col("completion_tokens").fill_null(1)
+        ).iter_rows()
+        if ttft_s is not None and e2e_s is not None
+    )
+    return ModelCheck(
+        prefill=replay.prefill,
+        load_rps=load_rps,
+        observed_attainment_ratio=observed_good / observed.height if observed.height else math.nan,
+        simulated_attainment_ratio=simulated,
+        observed_ttft_p50_s=_quantile(observed_ttft, 0.5),
+        simulated_ttft_p50_s=_quantile(ttft, 0.5),
+        observed_ttft_p90_s=_quantile(observed_ttft, 0.9),
+        simulated_ttft_p90_s=_quantile(ttft, 0.9),
+        observed_tpot_p90_s=_quantile(observed_tpot, 0.9),
+        simulated_tpot_p90_s=_quantile(tpot, 0.9),
+    )
+
+
+def _search(
+    step: StepTime,
+    mix: SampledMix,
+    *,
+    spec: KneeSearchSpec,
+    ttft_offset_s: float,
+    seed: int,
+    first_rate_rps: float,
+    growth_ratio: float,
+) -> float:
+    slo = _slo(spec, ttft_offset_s=ttft_offset_s)
+    if slo is None:
+        return 0.0  # the time outside the engine alone exceeds the TTFT limit
+    engine = engine_params(step, limits=spec.limits)
+    found = capacity_at_slo(
+        engine,
+        mix,
+        slo=slo,
+        seed=seed,
+        requests=spec.requests_per_probe,
+        tolerance_ratio=spec.tolerance_ratio,
+        first_rate_rps=first_rate_rps,
+        fleet=_fleet(engine, spec, slo),
+        growth_ratio=growth_ratio,
+    )
+    return found.capacity_rps
+
+
+def _cache_lost_knee(
+    fit: EngineFit,
+    requests: pl.DataFrame,
+    hit_ratio: float,
+    *,
+    spec: KneeSearchSpec,
+    offset_s: float,
+) -> float | None:
+    """The knee with every prompt prefilled in full: where a prefix-affinity router ends up
+    when load spills conversations off their replicas (bounded-load hashing does, as load
+    grows), so the hit ratio seen at low load does not hold at the knee."""
+    if not MIN_HIT_RATIO <= hit_ratio < 1.0:
+        return None
+    served = requests.filter(pl.col("ok").fill_null(value=False))
+    step = replace(fit.step, per_prefill_token_s=fit.step.per_prefill_token_s / (1.0 - hit_ratio))
+    return _search(
+        step,
+        _shapes(served, pl.col("prompt_tokens").fill_null(1), seed=spec.seed),
+        spec=spec,
+        ttft_offset_s=offset_s,
+        seed=spec.seed,
+        first_rate_rps=max(fit.mean_batch, 1.0) / 10.0,
+        growth_ratio=2.0,
+    )
+
+
+def _widened(knee: float, end: float, *, upper: bool) -> float:
+    """An interval end moved out by the model's own error, in quadrature with the bootstrap's
+    half-width on that side (both relative to the knee)."""
+    if not knee > 0:
+        return end
+    wide = math.hypot(abs(end - knee) / knee, MODEL_ERROR_RATIO)
+    return knee * (1.0 + wide) if upper else max(0.0, knee * (1.0 - wide))
+
+
+def search_knee(
+    fit: EngineFit,
+    requests: pl.DataFrame,
+    *,
+    load_rps: float,
+    spec: KneeSearchSpec,
+    hit_ratio: float | None = None,
+) -> ModelKnee:
+    """The fitted engine's knee under the workload of `requests` (one pool's), with the
+    bootstrap interval. Each candidate replay (`replays`) is first run at `load_rps` per
+    replica (the pool's mean observed load); the one whose attainment there is nearest the
+    observed attainment is searched (the plain replay unless another is clearly nearer)."""
+    load_rps = max(load_rps, 1e-3)
+    checked = [
+        (replay, check_model(replay, requests, load_rps=load_rps, spec=spec))
+        for replay in replays(fit, requests, hit_ratio=hit_ratio, seed=spec.seed)
+    ]
+
+    def miss(check: ModelCheck) -> float:
+        return abs(check.simulated_attainment_ratio - check.observed_attainment_ratio)
+
+    replay, check = checked[0]
+    for other, other_check in checked[1:]:
+        if miss(other_check) < miss(check) - CHECK_MARGIN_RATIO:
+            replay, check = other, other_check
+    knee = _search(
+        replay.step,
+        replay.mix,
+        spec=spec,
+        ttft_offset_s=check.ttft_offset_s,
+        seed=spec.seed,
+        first_rate_rps=load_rps,
+        growth_ratio=2.0,
+    )
+    knees = sorted(
+        _search(
+            step,
+            replay.mix,
+            spec=spec,
+            ttft_offset_s=check.ttft_offset_s,
+            seed=spec.seed + 1 + i,
+            first_rate_rps=knee if knee > 0 else load_rps,
+            growth_ratio=RESAMPLE_GROWTH_RATIO,
+        )
+        for i, step in enumerate(replay.resampled[: spec.resamples])
+    )
+    low, high = quantile_pair(knees, spec.confidence_ratio) if knees else (knee, knee)
+    cache_lost = None
+    if spec.router is RouterPolicy.PREFIX_AFFINITY and hit_ratio is not None:
+        cache_lost = _cache_lost_knee(
+            fit, requests, hit_ratio, spec=spec, offset_s=check.ttft_offset_s
+        )
+    widened_low = _widened(knee, min(low, knee), upper=False)
+    return ModelKnee(
+        knee_rps=knee,
+        low_rps=widened_low if cache_lost is None else min(widened_low, cache_lost),
+        cache_lost_knee_rps=cache_lost,
+        high_rps=_widened(knee, max(high, knee), upper=True),
+        bootstrap_low_rps=min(low, knee),
+        bootstrap_high_rps=max(high, knee),
+        engine=fit,
+        step=replay.step,
+        check=check,
+        resampled_knees_rps=tuple(knees),
+        replicas=spec.replicas,
+        router=spec.router,
+        confidence_ratio=spec.confidence_ratio,
+    )

@@ -1,0 +1,206 @@
+"""Emulated fleets below their knee, for the engine model's accuracy and coverage tests.
+
+Each case is a fleet (an engine profile, a mix, a router, a placement) run for 30 minutes at a
+seeded fraction (15% to 40%) of its own fleet-level capacity at the SLO, which the emulator's
+search gives (emulator/ground_truth.py). The fleet's finished requests become the rows the store
+would hold (the columns the capacity fit reads), and its prefix-cache hits per replica-minute the
+scraped counters; `pool_capacities` then fits the engine and searches its knee. Direct
+simulation instead of recording and replaying keeps twenty cases inside the suite's budget; the
+record-and-replay path is covered by tests/test_recommend_emulated.py.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+import polars as pl
+
+from capacity.attainment_fit import AttainmentSpec
+from capacity.pool_capacity import EngineModelSettings, PoolCapacity, pool_capacities
+from emulator.engine import EngineParams
+from emulator.fleet import FleetSimulation
+from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
+from emulator.ground_truth import fleet_capacity_for_config
+from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.workload import (
+    ArrivalKind,
+    ArrivalSpec,
+    ConversationSpec,
+    Distribution,
+    TenantSpec,
+    WorkloadSpec,
+)
+
+START_S = 1_800_000_000.0
+DURATION_S = 1800.0
+TENANTS = (TenantSpec("chat", 3.0, 300), TenantSpec("api", 1.0, 0))
+
+# Engine profiles, with the SLO each is sized for.
+PROFILES: dict[str, tuple[EngineParams, SloSpec]] = {
+    # An 8B model on one H100 (the emulator's default engine).
+    "8b": (EngineParams(), SloSpec(ttft_s=0.5, tpot_s=0.05, target_ratio=0.9)),
+    # A deliberately slow engine: 20 ms a step plus 0.4 ms a sequence, prefill 5k tokens/s.
+    "slow": (
+        EngineParams(step_base_s=0.02, step_per_seq_s=0.0004, step_per_prefill_token_s=0.0002),
+        SloSpec(ttft_s=1.0, tpot_s=0.1, target_ratio=0.9),
+    ),
+    # A large model: 35 ms a step, prefill about 8k tokens/s.
+    "large": (
+        EngineParams(step_base_s=0.035, step_per_seq_s=0.0003, step_per_prefill_token_s=0.00012),
+        SloSpec(ttft_s=2.0, tpot_s=0.06, target_ratio=0.9),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config: FleetConfig
+    load_ratio: float  # of the fleet's capacity
+    seed: int
+
+
+def _config(
+    profile: str, *, turns: float, router: RouterPolicy, hosts: tuple[int, ...]
+) -> FleetConfig:
+    engine, slo = PROFILES[profile]
+    conversation = (
+        ConversationSpec(
+            turns_mean=turns, think_time_s=Distribution.lognormal(15.0, 0.5, max_value=120.0)
+        )
+        if turns > 1
+        else ConversationSpec()
+    )
+    zones = tuple(f"zone-{chr(ord('a') + i)}" for i in range(len(hosts)))
+    return FleetConfig(
+        topology=TopologySpec(zones=zones, hosts_per_zone=hosts, replicas_per_host=1),
+        engine=engine,
+        router=RouterSpec(policy=router),
+        workload=WorkloadSpec(conversation=conversation, tenants=TENANTS),
+        slo=slo,
+    )
+
+
+def seeded_cases(count: int, *, seed: int) -> list[Case]:
+    """`count` cases cycling through profiles, mixes, routers and placements; the load ratio and
+    simulation seed of each are drawn from `seed`."""
+    rng = random.Random(seed)
+    shapes = [
+        ("8b", 1.0, RouterPolicy.ROUND_ROBIN, (1, 1, 1)),
+        ("slow", 1.0, RouterPolicy.LEAST_LOADED, (1, 1, 1)),
+        ("large", 1.0, RouterPolicy.ROUND_ROBIN, (1, 1, 1)),
+        ("slow", 4.0, RouterPolicy.LEAST_LOADED, (1, 1, 1)),
+        ("large", 4.0, RouterPolicy.PREFIX_AFFINITY, (2, 2, 2)),
+        ("8b", 3.0, RouterPolicy.PREFIX_AFFINITY, (2, 1, 1)),  # uneven placement
+        ("large", 1.0, RouterPolicy.LEAST_LOADED, (3, 1)),  # uneven placement
+    ]
+    cases = []
+    for i in range(count):
+        profile, turns, router, hosts = shapes[i % len(shapes)]
+        mix = "multi-turn" if turns > 1 else "single-turn"
+        cases.append(
+            Case(
+                name=f"{i:02d}-{profile}-{mix}-{router.value}-{'x'.join(map(str, hosts))}",
+                config=_config(profile, turns=turns, router=router, hosts=hosts),
+                load_ratio=rng.uniform(0.15, 0.4),
+                seed=rng.randrange(1_000_000),
+            )
+        )
+    return cases
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.finished: list[FinishedRequest] = []
+
+    def request_finished(self, record: FinishedRequest) -> None:
+        self.finished.append(record)
+
+    def engine_steps(self, record: EngineSteps) -> None:
+        pass
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        pass
+
+
+def _ts(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+
+
+def served_frames(finished: list[FinishedRequest]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The requests as the store holds them (the columns the fit reads) and the prefix-cache
+    counters per replica-minute."""
+    requests = pl.DataFrame(
+        {
+            "request_id": [r.request_id for r in finished],
+            "replica": [r.replica for r in finished],
+            "pool": ["default"] * len(finished),
+            "arrival_ts": [_ts(r.arrival_s) for r in finished],
+            "end_ts": [_ts(r.arrival_s + r.e2e_s) for r in finished],
+            "ok": [not r.failed for r in finished],
+            "prompt_tokens": [r.prompt_tokens for r in finished],
+            "completion_tokens": [r.completion_tokens for r in finished],
+            "ttft_s": [r.ttft_s for r in finished],
+            "e2e_s": [r.e2e_s for r in finished],
+            "decode_s": [r.decode_s for r in finished],
+            "cached": [r.cached_prompt_tokens for r in finished],
+        },
+        schema_overrides={"arrival_ts": pl.Datetime("us"), "end_ts": pl.Datetime("us")},
+    )
+    prefix = (
+        requests.group_by("replica", minute_ts=pl.col("arrival_ts").dt.truncate("1m"))
+        .agg(
+            hits_tokens=pl.col("cached").sum().cast(pl.Float64),
+            queries_tokens=pl.col("prompt_tokens").sum().cast(pl.Float64),
+        )
+        .sort("replica", "minute_ts")
+    )
+    return requests.drop("cached"), prefix
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: Case
+    truth_rps: float
+    capacity: PoolCapacity
+
+    @property
+    def error_ratio(self) -> float:
+        return self.capacity.knee_load / self.truth_rps - 1.0
+
+    @property
+    def covered(self) -> bool:
+        return self.capacity.knee_low_load <= self.truth_rps <= self.capacity.knee_high_load
+
+
+def run_case(case: Case) -> Outcome:
+    """Simulate the case's fleet below its knee and fit its capacity from what it served."""
+    config = case.config
+    truth = fleet_capacity_for_config(config, seed=case.seed).capacity_rps
+    rate_rps = case.load_ratio * truth * config.topology.replicas
+    running = replace(
+        config,
+        workload=replace(
+            config.workload, arrival=ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=rate_rps)
+        ),
+    )
+    collect = _Collect()
+    sim = FleetSimulation(running, observer=collect, seed=case.seed, start_s=START_S)
+    sim.run_until(START_S + DURATION_S)
+    requests, prefix = served_frames(collect.finished)
+    slo = config.slo
+    (capacity,), _ = pool_capacities(
+        requests.lazy(),
+        spec=AttainmentSpec(
+            ttft_limit_s=slo.ttft_s,
+            tpot_limit_s=slo.tpot_s,
+            target_ratio=slo.target_ratio,
+            seed=case.seed,
+        ),
+        data=f"emulated case {case.name}",
+        prefix=prefix.lazy(),
+        engine_model=EngineModelSettings(router=config.router.policy),
+    )
+    return Outcome(case, truth, capacity)
