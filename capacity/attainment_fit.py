@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from capacity.bootstrap import outward_interval
 from capacity.capacity_fit import LoadUnit
 from capacity.figure import fmt
 from pipeline.request_sli import with_tpot
@@ -252,10 +253,7 @@ def fit_attainment(
     knees = bootstrap_knees(
         points, target_ratio=spec.target_ratio, resamples=spec.resamples, seed=spec.seed
     )
-    tail = (1.0 - spec.confidence_ratio) / 2.0
-    # Outward order statistics, so an unbounded resample shows as an unbounded end.
-    low = knees[max(0, math.floor(tail * len(knees)))]
-    high = knees[min(len(knees) - 1, math.ceil((1.0 - tail) * len(knees)) - 1)]
+    low, high = outward_interval(knees, spec.confidence_ratio)
     totals = minutes.select(
         pl.col("requests").sum(),
         pl.col("good").sum(),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from capacity.bootstrap import outward_interval
 from capacity.figure import fmt
 
 MIN_DECODING_REQUESTS = 30
@@ -82,8 +83,7 @@ class EngineFit:
     source: str
 
     def term_interval(self, name: str, confidence_ratio: float) -> tuple[float, float]:
-        values = sorted(getattr(s, name) for s in self.resampled)
-        return quantile_pair(values, confidence_ratio)
+        return outward_interval(sorted(getattr(s, name) for s in self.resampled), confidence_ratio)
 
     def summary(self) -> str:
         return (
@@ -92,15 +92,6 @@ class EngineFit:
             f"residual {self.residual_ratio:.0%}; mean batch {fmt(self.mean_batch)}, largest "
             f"seen {fmt(self.max_batch)})"
         )
-
-
-def quantile_pair(values: Sequence[float], confidence_ratio: float) -> tuple[float, float]:
-    """The central `confidence_ratio` interval of sorted `values` (nearest rank)."""
-    if not values:
-        return math.nan, math.nan
-    tail = (1.0 - confidence_ratio) / 2.0
-    last = len(values) - 1
-    return values[round(tail * last)], values[round((1.0 - tail) * last)]
 
 
 def _emission_integral(decoding: pl.LazyFrame) -> pl.LazyFrame:

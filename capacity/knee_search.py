@@ -27,7 +27,8 @@ from enum import Enum
 
 import polars as pl
 
-from capacity.engine_fit import EngineFit, StepTime, quantile_pair
+from capacity.bootstrap import outward_interval
+from capacity.engine_fit import EngineFit, StepTime
 from capacity.figure import fmt
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
@@ -460,7 +461,7 @@ def search_knee(
         )
         for i, step in enumerate(replay.resampled[: spec.resamples])
     )
-    low, high = quantile_pair(knees, spec.confidence_ratio) if knees else (knee, knee)
+    low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)
     cache_lost = None
     if spec.router is RouterPolicy.PREFIX_AFFINITY and hit_ratio is not None:
         cache_lost = _cache_lost_knee(

@@ -27,6 +27,7 @@ from enum import Enum
 import polars as pl
 
 from capacity.attainment_fit import MINUTE_S
+from capacity.bootstrap import outward_interval
 from capacity.figure import fmt
 
 
@@ -161,9 +162,7 @@ def _interval(knees: list[float], confidence_ratio: float, knee: float) -> tuple
     usable = sorted(k for k in knees if not math.isnan(k))
     if not usable:
         return knee, knee
-    tail = (1.0 - confidence_ratio) / 2.0
-    low = usable[max(0, math.floor(tail * len(usable)))]
-    high = usable[min(len(usable) - 1, math.ceil((1.0 - tail) * len(usable)) - 1)]
+    low, high = outward_interval(usable, confidence_ratio)
     return min(low, knee), max(high, knee)
 
 
