@@ -395,11 +395,12 @@ def _engine_json(model: ModelKnee) -> dict[str, Any]:
             "base_s": fit.step.base_s,
             "per_seq_s": fit.step.per_seq_s,
             "per_prefill_token_s": fit.step.per_prefill_token_s,
-            "base_s_interval": [_num(v) for v in fit.term_interval("base_s", 0.9)],
-            "per_seq_s_interval": [_num(v) for v in fit.term_interval("per_seq_s", 0.9)],
-            "per_prefill_token_s_interval": [
-                _num(v) for v in fit.term_interval("per_prefill_token_s", 0.9)
-            ],
+            **{
+                f"{term}_interval": [
+                    _num(v) for v in fit.term_interval(term, model.confidence_ratio)
+                ]
+                for term in ("base_s", "per_seq_s", "per_prefill_token_s")
+            },
         },
         "fit_requests": fit.requests,
         "fit_minutes": fit.minutes,

@@ -33,10 +33,11 @@ from capacity.figure import fmt
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import PROBE_START_S, capacity_at_slo
-from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.ground_truth import PROBE_START_S, capacity_at_slo, meets_slo
+from emulator.records import FinishedRequests
 from emulator.sampled_workload import SampledMix
 from emulator.workload import WorkloadSpec
+from pipeline.request_sli import with_tpot
 
 UNLIMITED_S = 1e9  # a limit the requirement does not state
 MAX_SHAPES = 20_000
@@ -97,10 +98,7 @@ class ModelCheck:
     simulated_ttft_p90_s: float
     observed_tpot_p90_s: float
     simulated_tpot_p90_s: float
-
-    @property
-    def ttft_offset_s(self) -> float:
-        return max(0.0, self.observed_ttft_p50_s - self.simulated_ttft_p50_s)
+    ttft_offset_s: float  # observed median TTFT less the model's, at least 0
 
     def summary(self) -> str:
         return (
@@ -155,24 +153,6 @@ class ModelKnee:
         )
 
 
-class _Collect:
-    """Observer keeping the finished requests of a check run."""
-
-    def __init__(self, from_s: float) -> None:
-        self._from_s = from_s
-        self.finished: list[FinishedRequest] = []
-
-    def request_finished(self, record: FinishedRequest) -> None:
-        if record.arrival_s >= self._from_s:
-            self.finished.append(record)
-
-    def engine_steps(self, record: EngineSteps) -> None:
-        pass
-
-    def replica_event(self, event: ReplicaEvent) -> None:
-        pass
-
-
 def engine_params(step: StepTime, *, limits: EngineParams) -> EngineParams:
     """The emulator's engine with the fitted step time and the stated (or default) limits;
     the cache is off because the replayed prefill work already counts the hits."""
@@ -205,6 +185,14 @@ def _shapes(frame: pl.DataFrame, prompt: pl.Expr, *, seed: int) -> SampledMix:
     return SampledMix(tuple((int(p), int(c)) for p, c in shapes.iter_rows()))
 
 
+def _uncached(step: StepTime, *, hit_ratio: float | None) -> StepTime | None:
+    """The step time per uncached prompt token, from the fitted cost per served token and a
+    measured hit ratio; None when no usable hit ratio was measured."""
+    if hit_ratio is None or not MIN_HIT_RATIO <= hit_ratio < 1.0:
+        return None
+    return replace(step, per_prefill_token_s=step.per_prefill_token_s / (1.0 - hit_ratio))
+
+
 def replays(
     fit: EngineFit, requests: pl.DataFrame, *, hit_ratio: float | None, seed: int
 ) -> tuple[Replay, ...]:
@@ -228,26 +216,21 @@ def replays(
             fit.resampled,
         )
     ]
-    if hit_ratio is not None and MIN_HIT_RATIO <= hit_ratio < 1.0:
-        miss = 1.0 - hit_ratio
-
-        def uncached(step: StepTime) -> StepTime:
-            return replace(step, per_prefill_token_s=step.per_prefill_token_s / miss)
-
-        step = uncached(fit.step)
-        if step.per_prefill_token_s > 0:
-            in_step_s = step.step_s(sequences=fit.mean_batch + 1.0)
-            tokens = ((pl.col("ttft_s") - in_step_s) / step.per_prefill_token_s).clip(
-                lower_bound=1.0, upper_bound=pl.col("prompt_tokens").cast(pl.Float64)
+    step = _uncached(fit.step, hit_ratio=hit_ratio)
+    if step is not None and step.per_prefill_token_s > 0:
+        in_step_s = step.step_s(sequences=fit.mean_batch + 1.0)
+        tokens = ((pl.col("ttft_s") - in_step_s) / step.per_prefill_token_s).clip(
+            lower_bound=1.0, upper_bound=pl.col("prompt_tokens").cast(pl.Float64)
+        )
+        resampled = (_uncached(s, hit_ratio=hit_ratio) for s in fit.resampled)
+        found.append(
+            Replay(
+                PrefillShape.FROM_TTFT,
+                _shapes(served, tokens, seed=seed),
+                step,
+                tuple(s for s in resampled if s is not None),
             )
-            found.append(
-                Replay(
-                    PrefillShape.FROM_TTFT,
-                    _shapes(served, tokens, seed=seed),
-                    step,
-                    tuple(uncached(s) for s in fit.resampled),
-                )
-            )
+        )
     return tuple(found)
 
 
@@ -280,22 +263,21 @@ def _slo(spec: KneeSearchSpec, *, ttft_offset_s: float) -> SloSpec | None:
     )
 
 
-def _good(ttft_s: float, decode_s: float, completion_tokens: int, slo: SloSpec) -> bool:
-    if ttft_s > slo.ttft_s:
-        return False
-    return completion_tokens <= 1 or decode_s / (completion_tokens - 1) <= slo.tpot_s
-
-
 def check_model(
-    replay: Replay, observed: pl.DataFrame, *, load_rps: float, spec: KneeSearchSpec
+    replay: Replay,
+    observed: pl.DataFrame,
+    *,
+    load_rps: float,
+    observed_attainment_ratio: float,
+    spec: KneeSearchSpec,
 ) -> ModelCheck:
     """Run `replay` at `load_rps` per replica and compare its latencies and attainment with
-    `observed` (the pool's requests, failed ones included)."""
+    `observed` (the pool's requests, failed ones included, and their attainment)."""
     total_rps = load_rps * spec.replicas
     window_s = CHECK_REQUESTS / total_rps
     from_s = PROBE_START_S + 0.1 * window_s
     to_s = from_s + window_s
-    collect = _Collect(from_s)
+    collect = FinishedRequests(from_s=from_s)
     open_slo = SloSpec(ttft_s=UNLIMITED_S, tpot_s=UNLIMITED_S, target_ratio=spec.target_ratio)
     engine = engine_params(replay.step, limits=spec.limits)
     sim = FleetSimulation(
@@ -306,49 +288,33 @@ def check_model(
         source=replay.mix.source(total_rps, seed=spec.seed, start_s=PROBE_START_S, until_s=to_s),
     )
     sim.run_until(to_s + max(120.0, window_s))
-    done = [r for r in collect.finished if not r.failed]
+    finished = collect.finished
+    done = [r for r in finished if not r.failed]
     ttft = [r.ttft_s for r in done]
     tpot = [r.decode_s / (r.completion_tokens - 1) for r in done if r.completion_tokens > 1]
-    served = observed.filter(pl.col("ok").fill_null(value=False))
+    served = observed.lazy().filter(pl.col("ok").fill_null(value=False)).pipe(with_tpot).collect()
     observed_ttft = served.get_column("ttft_s").drop_nulls().to_list()
-    observed_tpot = (
-        served.filter(pl.col("completion_tokens") > 1)
-        .select((pl.col("e2e_s") - pl.col("ttft_s")) / (pl.col("completion_tokens") - 1))
-        .to_series()
-        .drop_nulls()
-        .to_list()
-    )
-    offset_s = max(0.0, _quantile(observed_ttft, 0.5) - _quantile(ttft, 0.5))
+    observed_tpot = served.get_column("tpot_s").drop_nulls().to_list()
+    observed_p50_s, simulated_p50_s = _quantile(observed_ttft, 0.5), _quantile(ttft, 0.5)
+    offset_s = max(0.0, observed_p50_s - simulated_p50_s)
     slo = _slo(spec, ttft_offset_s=offset_s)
     simulated = (
-        0.0
-        if slo is None or not done
-        else sum(_good(r.ttft_s, r.decode_s, r.completion_tokens, slo) for r in done)
-        / len(collect.finished)
-    )
-    judged = SloSpec(
-        ttft_s=spec.ttft_limit_s or UNLIMITED_S,
-        tpot_s=spec.tpot_limit_s or UNLIMITED_S,
-        target_ratio=spec.target_ratio,
-    )
-    observed_good = sum(
-        _good(ttft_s, e2e_s - ttft_s, completion, judged)
-        for ttft_s, e2e_s, completion in served.select(
-            "ttft_s", "e2e_s", pl.col("completion_tokens").fill_null(1)
-        ).iter_rows()
-        if ttft_s is not None and e2e_s is not None
+        sum(meets_slo(r, slo) for r in finished) / len(finished)
+        if slo is not None and finished
+        else 0.0
     )
     return ModelCheck(
         prefill=replay.prefill,
         load_rps=load_rps,
-        observed_attainment_ratio=observed_good / observed.height if observed.height else math.nan,
+        observed_attainment_ratio=observed_attainment_ratio,
         simulated_attainment_ratio=simulated,
-        observed_ttft_p50_s=_quantile(observed_ttft, 0.5),
-        simulated_ttft_p50_s=_quantile(ttft, 0.5),
+        observed_ttft_p50_s=observed_p50_s,
+        simulated_ttft_p50_s=simulated_p50_s,
         observed_ttft_p90_s=_quantile(observed_ttft, 0.9),
         simulated_ttft_p90_s=_quantile(ttft, 0.9),
         observed_tpot_p90_s=_quantile(observed_tpot, 0.9),
         simulated_tpot_p90_s=_quantile(tpot, 0.9),
+        ttft_offset_s=offset_s,
     )
 
 
@@ -380,32 +346,6 @@ def _search(
     return found.capacity_rps
 
 
-def _cache_lost_knee(
-    fit: EngineFit,
-    requests: pl.DataFrame,
-    hit_ratio: float,
-    *,
-    spec: KneeSearchSpec,
-    offset_s: float,
-) -> float | None:
-    """The knee with every prompt prefilled in full: where a prefix-affinity router ends up
-    when load spills conversations off their replicas (bounded-load hashing does, as load
-    grows), so the hit ratio seen at low load does not hold at the knee."""
-    if not MIN_HIT_RATIO <= hit_ratio < 1.0:
-        return None
-    served = requests.filter(pl.col("ok").fill_null(value=False))
-    step = replace(fit.step, per_prefill_token_s=fit.step.per_prefill_token_s / (1.0 - hit_ratio))
-    return _search(
-        step,
-        _shapes(served, pl.col("prompt_tokens").fill_null(1), seed=spec.seed),
-        spec=spec,
-        ttft_offset_s=offset_s,
-        seed=spec.seed,
-        first_rate_rps=max(fit.mean_batch, 1.0) / 10.0,
-        growth_ratio=2.0,
-    )
-
-
 def _widened(knee: float, end: float, *, upper: bool) -> float:
     """An interval end moved out by the model's own error, in quadrature with the bootstrap's
     half-width on that side (both relative to the knee)."""
@@ -421,15 +361,30 @@ def search_knee(
     *,
     load_rps: float,
     spec: KneeSearchSpec,
+    observed_attainment_ratio: float,
     hit_ratio: float | None = None,
 ) -> ModelKnee:
     """The fitted engine's knee under the workload of `requests` (one pool's), with the
     bootstrap interval. Each candidate replay (`replays`) is first run at `load_rps` per
-    replica (the pool's mean observed load); the one whose attainment there is nearest the
-    observed attainment is searched (the plain replay unless another is clearly nearer)."""
+    replica (the pool's mean observed load); the one whose attainment there is nearest
+    `observed_attainment_ratio` is searched (the plain replay unless another is clearly
+    nearer).
+
+    Behind prefix-affinity routing the interval's low end also reaches the knee with every
+    served prompt prefilled in full: bounded-load hashing spills conversations off their
+    replicas as load grows, so the hit ratio seen at low load need not hold at the knee."""
     load_rps = max(load_rps, 1e-3)
     checked = [
-        (replay, check_model(replay, requests, load_rps=load_rps, spec=spec))
+        (
+            replay,
+            check_model(
+                replay,
+                requests,
+                load_rps=load_rps,
+                observed_attainment_ratio=observed_attainment_ratio,
+                spec=spec,
+            ),
+        )
         for replay in replays(fit, requests, hit_ratio=hit_ratio, seed=spec.seed)
     ]
 
@@ -463,9 +418,16 @@ def search_knee(
     )
     low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)
     cache_lost = None
-    if spec.router is RouterPolicy.PREFIX_AFFINITY and hit_ratio is not None:
-        cache_lost = _cache_lost_knee(
-            fit, requests, hit_ratio, spec=spec, offset_s=check.ttft_offset_s
+    uncached = _uncached(fit.step, hit_ratio=hit_ratio)
+    if spec.router is RouterPolicy.PREFIX_AFFINITY and uncached is not None:
+        cache_lost = _search(
+            uncached,
+            checked[0][0].mix,  # the served prompts, every token now prefilled
+            spec=spec,
+            ttft_offset_s=check.ttft_offset_s,
+            seed=spec.seed,
+            first_rate_rps=max(fit.mean_batch, 1.0) / 10.0,
+            growth_ratio=2.0,
         )
     widened_low = _widened(knee, min(low, knee), upper=False)
     return ModelKnee(

@@ -314,11 +314,15 @@ def pool_capacities(
     """Each pool's capacity from traced requests (and scraped per-minute frames where given),
     and notes on pools or models that could not be fitted. With `engine_model`, each pool's
     engine is fitted from its requests and its knee searched in simulation (knee_search.py)."""
+    # Materialized once: the minute loads, the latency models and each pool's engine fit all
+    # read these rows, and a lazy frame would judge and filter the requests again for each.
     outcomes = (
         requests.filter(pl.col("replica").is_not_null())
         .pipe(_pool_column)
         .pipe(request_outcomes, spec=spec)
         .pipe(complete_minutes)
+        .collect()
+        .lazy()
     )
     by_pool = outcomes.pipe(minute_loads, by=["pool"]).collect()
     by_replica = outcomes.pipe(minute_loads, by=["pool", "replica"]).collect()
@@ -381,6 +385,7 @@ def pool_capacities(
                 outcomes.filter(pl.col("pool") == pool),
                 prefix=prefix,
                 fit=fit,
+                load_rps=float(minutes.get_column("load_rps").mean()),  # type: ignore[arg-type]
                 spec=spec,
                 settings=engine_model,
                 data=data,
@@ -405,6 +410,7 @@ def _engine_model(
     *,
     prefix: pl.LazyFrame | None,
     fit: AttainmentFit,
+    load_rps: float,
     spec: AttainmentSpec,
     settings: EngineModelSettings,
     data: str,
@@ -435,13 +441,8 @@ def _engine_model(
         return search_knee(
             engine,
             requests,
-            load_rps=float(
-                requests.group_by("minute_ts")
-                .agg(load=pl.len() / pl.col("replica").n_unique() / 60.0)
-                .sort("minute_ts")
-                .get_column("load")
-                .mean()  # type: ignore[arg-type]
-            ),
+            observed_attainment_ratio=fit.attainment_ratio,
+            load_rps=load_rps,
             hit_ratio=hit_ratio,
             spec=KneeSearchSpec(
                 ttft_limit_s=spec.ttft_limit_s,

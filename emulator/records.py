@@ -8,6 +8,7 @@ Unix time of the recorded day and in live mode is wall-clock Unix time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -125,3 +126,22 @@ class FleetObserver(Protocol):
     def engine_steps(self, record: EngineSteps) -> None: ...
 
     def replica_event(self, event: ReplicaEvent) -> None: ...
+
+
+class FinishedRequests:
+    """An observer keeping the finished requests that arrived at or after `from_s`, in the
+    order they finished (a capacity check's or a test's whole record of a run)."""
+
+    def __init__(self, *, from_s: float = -math.inf) -> None:
+        self._from_s = from_s
+        self.finished: list[FinishedRequest] = []
+
+    def request_finished(self, record: FinishedRequest) -> None:
+        if record.arrival_s >= self._from_s:
+            self.finished.append(record)
+
+    def engine_steps(self, record: EngineSteps) -> None:
+        pass
+
+    def replica_event(self, event: ReplicaEvent) -> None:
+        pass

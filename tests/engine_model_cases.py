@@ -23,7 +23,7 @@ from emulator.engine import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
 from emulator.ground_truth import fleet_capacity_for_config
-from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from emulator.records import FinishedRequest, FinishedRequests
 from emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
@@ -111,20 +111,6 @@ def seeded_cases(count: int, *, seed: int) -> list[Case]:
     return cases
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.finished: list[FinishedRequest] = []
-
-    def request_finished(self, record: FinishedRequest) -> None:
-        self.finished.append(record)
-
-    def engine_steps(self, record: EngineSteps) -> None:
-        pass
-
-    def replica_event(self, event: ReplicaEvent) -> None:
-        pass
-
-
 def _ts(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
 
@@ -186,7 +172,7 @@ def run_case(case: Case) -> Outcome:
             config.workload, arrival=ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=rate_rps)
         ),
     )
-    collect = _Collect()
+    collect = FinishedRequests()
     sim = FleetSimulation(running, observer=collect, seed=case.seed, start_s=START_S)
     sim.run_until(START_S + DURATION_S)
     requests, prefix = served_frames(collect.finished)
