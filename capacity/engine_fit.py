@@ -218,26 +218,37 @@ class _Sums:
     wy: float
 
 
-def _sums(rows: Sequence[tuple[float, float, float, float]], counts: Sequence[int]) -> _Sums:
-    xx = [[0.0] * 3 for _ in range(3)]
-    xy = [0.0] * 3
-    yy = w_total = wy = 0.0
-    for (steps, y, s, p), count in zip(rows, counts, strict=True):
-        if not count:
-            continue
-        w = steps * count
-        x = (1.0, s, p)
-        for i in range(3):
-            xy[i] += w * x[i] * y
-            for j in range(i, 3):
-                xx[i][j] += w * x[i] * x[j]
-        yy += w * y * y
-        w_total += w
-        wy += w * y
-    for i in range(3):
-        for j in range(i):
-            xx[i][j] = xx[j][i]
-    return _Sums(tuple(tuple(r) for r in xx), tuple(xy), yy, w_total, wy)
+# Per block (replica-minute), the weighted sums the normal equations need, for x = (1, s, p)
+# with weight w = decode steps: a bootstrap over blocks then adds up blocks, not requests.
+_BLOCK_SUMS = ("w", "ws", "wp", "wss", "wsp", "wpp", "wy", "wsy", "wpy", "wyy")
+
+
+def _block_sums(frame: pl.DataFrame) -> list[tuple[float, ...]]:
+    """One row of `_BLOCK_SUMS` per block, in block order (`frame` sorted by block)."""
+    w, y = pl.col("steps"), pl.col("tpot_s")
+    s, p = pl.col("seqs_per_step"), pl.col("prefill_tokens_per_step")
+    terms = {
+        "w": w, "ws": w * s, "wp": w * p, "wss": w * s * s, "wsp": w * s * p, "wpp": w * p * p,
+        "wy": w * y, "wsy": w * s * y, "wpy": w * p * y, "wyy": w * y * y,
+    }  # fmt: skip
+    return (
+        frame.group_by("block", maintain_order=True)
+        .agg(**{name: term.sum() for name, term in terms.items()})
+        .select(_BLOCK_SUMS)
+        .rows()
+    )
+
+
+def _sums(blocks: Sequence[tuple[float, ...]], counts: Sequence[int]) -> _Sums:
+    """The normal-equation sums of the blocks, each taken `counts[b]` times."""
+    t = [0.0] * len(_BLOCK_SUMS)
+    for block, count in zip(blocks, counts, strict=True):
+        if count:
+            for i, value in enumerate(block):
+                t[i] += count * value
+    w, ws, wp, wss, wsp, wpp, wy, wsy, wpy, wyy = t
+    xx = ((w, ws, wp), (ws, wss, wsp), (wp, wsp, wpp))
+    return _Sums(xx, (wy, wsy, wpy), wyy, w, wy)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -301,17 +312,8 @@ def fit_engine(steps: pl.DataFrame, *, seed: int, resamples: int, source: str) -
     frame = frame.join(blocks.with_row_index("block"), on=["replica", "minute_ts"]).sort(
         "block", "steps", "tpot_s", "seqs_per_step", "prefill_tokens_per_step"
     )
-    rows = list(
-        zip(
-            frame.get_column("steps").to_list(),
-            frame.get_column("tpot_s").to_list(),
-            frame.get_column("seqs_per_step").to_list(),
-            frame.get_column("prefill_tokens_per_step").to_list(),
-            strict=True,
-        )
-    )
-    block_of = frame.get_column("block").to_list()
-    whole = _sums(rows, [1] * len(rows))
+    sums = _block_sums(frame)
+    whole = _sums(sums, [1] * len(sums))
     coef = _least_squares(whole)
     if coef is None:
         raise ValueError(
@@ -324,7 +326,7 @@ def fit_engine(steps: pl.DataFrame, *, seed: int, resamples: int, source: str) -
         drawn = [0] * blocks.height
         for _ in range(blocks.height):
             drawn[rng.randrange(blocks.height)] += 1
-        fitted = _least_squares(_sums(rows, [drawn[b] for b in block_of]))
+        fitted = _least_squares(_sums(sums, drawn))
         if fitted is not None:
             resampled.append(StepTime(*fitted))
     seqs = frame.get_column("seqs_per_step")
