@@ -385,6 +385,7 @@ def _engine_json(model: ModelKnee) -> dict[str, Any]:
         "bootstrap_low_rps": _num(model.bootstrap_low_rps),
         "bootstrap_high_rps": _num(model.bootstrap_high_rps),
         "cache_lost_knee_rps": _num(model.cache_lost_knee_rps),
+        "probed_virtual_s": _num(model.probed_virtual_s),
         "resampled_knees_rps": [_num(k) for k in model.resampled_knees_rps],
         "replicas": model.replicas,
         "router": model.router.value,

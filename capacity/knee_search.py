@@ -33,7 +33,7 @@ from capacity.figure import fmt
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import PROBE_START_S, capacity_at_slo, meets_slo
+from emulator.ground_truth import PROBE_START_S, PROBE_WARMUP_RATIO, capacity_at_slo, meets_slo
 from emulator.records import FinishedRequests
 from emulator.sampled_workload import SampledMix
 from emulator.workload import WorkloadSpec
@@ -130,6 +130,7 @@ class ModelKnee:
     replicas: int
     router: RouterPolicy
     confidence_ratio: float
+    probed_virtual_s: float  # what every probe of every search simulated, warm-ups included
 
     def summary(self) -> str:
         return (
@@ -244,11 +245,19 @@ def _fleet(engine: EngineParams, spec: KneeSearchSpec, slo: SloSpec) -> FleetCon
     )
 
 
+def _rank(q: float, n: int) -> int:
+    # Nearest rank: the smallest value with at least q of the values at or below it.
+    return min(n - 1, max(0, math.ceil(q * n) - 1))
+
+
 def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+    return sorted(values)[_rank(q, len(values))] if values else math.nan
+
+
+def _column_quantile(column: pl.Series, q: float) -> float:
+    """`_quantile` of a column, sorted by Polars: a pool's day holds millions of requests."""
+    values = column.drop_nulls()
+    return float(values.sort()[_rank(q, values.len())]) if values.len() else math.nan
 
 
 def _slo(spec: KneeSearchSpec, *, ttft_offset_s: float) -> SloSpec | None:
@@ -293,9 +302,9 @@ def check_model(
     ttft = [r.ttft_s for r in done]
     tpot = [r.decode_s / (r.completion_tokens - 1) for r in done if r.completion_tokens > 1]
     served = observed.lazy().filter(pl.col("ok").fill_null(value=False)).pipe(with_tpot).collect()
-    observed_ttft = served.get_column("ttft_s").drop_nulls().to_list()
-    observed_tpot = served.get_column("tpot_s").drop_nulls().to_list()
-    observed_p50_s, simulated_p50_s = _quantile(observed_ttft, 0.5), _quantile(ttft, 0.5)
+    observed_ttft, observed_tpot = served.get_column("ttft_s"), served.get_column("tpot_s")
+    observed_p50_s = _column_quantile(observed_ttft, 0.5)
+    simulated_p50_s = _quantile(ttft, 0.5)
     offset_s = max(0.0, observed_p50_s - simulated_p50_s)
     slo = _slo(spec, ttft_offset_s=offset_s)
     simulated = (
@@ -310,9 +319,9 @@ def check_model(
         simulated_attainment_ratio=simulated,
         observed_ttft_p50_s=observed_p50_s,
         simulated_ttft_p50_s=simulated_p50_s,
-        observed_ttft_p90_s=_quantile(observed_ttft, 0.9),
+        observed_ttft_p90_s=_column_quantile(observed_ttft, 0.9),
         simulated_ttft_p90_s=_quantile(ttft, 0.9),
-        observed_tpot_p90_s=_quantile(observed_tpot, 0.9),
+        observed_tpot_p90_s=_column_quantile(observed_tpot, 0.9),
         simulated_tpot_p90_s=_quantile(tpot, 0.9),
         ttft_offset_s=offset_s,
     )
@@ -327,10 +336,11 @@ def _search(
     seed: int,
     first_rate_rps: float,
     growth_ratio: float,
-) -> float:
+) -> tuple[float, float]:
+    """The knee, and the virtual seconds its probes simulated (judged window and warm-up)."""
     slo = _slo(spec, ttft_offset_s=ttft_offset_s)
     if slo is None:
-        return 0.0  # the time outside the engine alone exceeds the TTFT limit
+        return 0.0, 0.0  # the time outside the engine alone exceeds the TTFT limit
     engine = engine_params(step, limits=spec.limits)
     found = capacity_at_slo(
         engine,
@@ -343,7 +353,11 @@ def _search(
         fleet=_fleet(engine, spec, slo),
         growth_ratio=growth_ratio,
     )
-    return found.capacity_rps
+    probed_s = sum(
+        (1.0 + PROBE_WARMUP_RATIO) * spec.requests_per_probe / (p.rate_rps * spec.replicas)
+        for p in found.probes
+    )
+    return found.capacity_rps, probed_s
 
 
 def _widened(knee: float, end: float, *, upper: bool) -> float:
@@ -395,7 +409,7 @@ def search_knee(
     for other, other_check in checked[1:]:
         if miss(other_check) < miss(check) - CHECK_MARGIN_RATIO:
             replay, check = other, other_check
-    knee = _search(
+    knee, probed_s = _search(
         replay.step,
         replay.mix,
         spec=spec,
@@ -404,7 +418,7 @@ def search_knee(
         first_rate_rps=load_rps,
         growth_ratio=2.0,
     )
-    knees = sorted(
+    searched = [
         _search(
             step,
             replay.mix,
@@ -415,12 +429,14 @@ def search_knee(
             growth_ratio=RESAMPLE_GROWTH_RATIO,
         )
         for i, step in enumerate(replay.resampled[: spec.resamples])
-    )
+    ]
+    knees = sorted(k for k, _ in searched)
+    probed_s += sum(seconds for _, seconds in searched)
     low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)
     cache_lost = None
     uncached = _uncached(fit.step, hit_ratio=hit_ratio)
     if spec.router is RouterPolicy.PREFIX_AFFINITY and uncached is not None:
-        cache_lost = _search(
+        cache_lost, cache_lost_s = _search(
             uncached,
             checked[0][0].mix,  # the served prompts, every token now prefilled
             spec=spec,
@@ -429,6 +445,7 @@ def search_knee(
             first_rate_rps=max(fit.mean_batch, 1.0) / 10.0,
             growth_ratio=2.0,
         )
+        probed_s += cache_lost_s
     widened_low = _widened(knee, min(low, knee), upper=False)
     return ModelKnee(
         knee_rps=knee,
@@ -444,4 +461,5 @@ def search_knee(
         replicas=spec.replicas,
         router=spec.router,
         confidence_ratio=spec.confidence_ratio,
+        probed_virtual_s=probed_s,
     )

@@ -33,6 +33,7 @@ from emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, Wor
 PROBE_START_S = 1_800_000_000.0  # any instant will do; probes never read a wall clock
 MIN_RATE_RPS = 1e-3
 CONVERSATION_WARMUP_S = 300.0
+PROBE_WARMUP_RATIO = 0.1  # of the judged window
 MAX_RATE_RPS = 1e6
 
 
@@ -119,7 +120,7 @@ def attainment_at(
     slo: SloSpec,
     seed: int,
     requests: int,
-    warmup_ratio: float = 0.1,
+    warmup_ratio: float = PROBE_WARMUP_RATIO,
     fleet: FleetConfig | None = None,
 ) -> CapacityProbe:
     """Simulate one replica at `rate_rps` and judge about `requests` requests after a warm-up;
