@@ -2,13 +2,16 @@
 
 Replicas of one pool share a model and a GPU shape, so their capacity is one number; pools differ,
 and are fitted apart. Per pool: the attainment knee over the pool's minutes (attainment_fit.py),
-the same knee per replica (a slow or misrouted replica shows as an outlier), and the TTFT and
-TPOT latency models (latency_model.py).
+the same knee per replica (a slow or misrouted replica shows as an outlier), the TTFT and TPOT
+latency lines (latency_model.py) and, when asked, the engine model: the step time fitted from the
+pool's requests (engine_fit.py) and its knee searched in simulation (knee_search.py).
 
-The estimate is the attainment knee when attainment was seen to cross the target; otherwise the
-knee lies beyond the highest load observed and the estimate is the lower of the two latency
-models' knees (never below the highest observed load, where attainment still held), marked
-extrapolated. With neither model usable it is unbounded: the data bounds no capacity.
+The estimate is the attainment knee when attainment was seen to cross the target (the engine
+model's knee is then a check, flagged when over 15% away); otherwise the knee lies beyond the
+highest load observed and the estimate is the engine model's knee (never below the highest
+observed load, where attainment still held). Without an engine model it is the lower of the two
+latency lines' knees, marked extrapolated; with neither line usable it is unbounded: the data
+bounds no capacity.
 
 Capacity is in req/s per replica; in tokens/s it is that rate times the tokens per request the
 pool served (decode tokens from completions, prefill tokens from prompts).
