@@ -172,7 +172,7 @@ def _run_ours(folder: Path, sd_file: Path, settings: Settings, window: threading
         encoding="utf-8",
     )
     service = Service(config)
-    service.start(health_port=_free_port())
+    service.start(health_port=0)
     try:
         time.sleep(settings.interval_s)  # warm-up: first connections, first slots
         measured_from = time.time()

@@ -15,7 +15,6 @@ Everything is emulated and says so; nothing leaves 127.0.0.1.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, TopologySpec
 from emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
 from emulator.live_server import LiveFleetServer, run_live
-from emulator.span_output import otlp_http_span_output
+from emulator.span_output import SpanOutput, otlp_http_span_output
 from emulator.vllm_metrics import EngineSettings
 from emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from pipeline.request_sli import GoodputLimits
@@ -274,12 +273,6 @@ def run_demo(
     return DemoResult(out=out, summary=summary)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _live_phase(
     config: FleetConfig, *, out: Path, seconds: float, progress: Progress
 ) -> dict[str, Any]:
@@ -293,20 +286,16 @@ def _live_phase(
     db = out / "live.duckdb"
     for stale in (db, db.with_suffix(".duckdb.wal")):
         stale.unlink(missing_ok=True)
-    otlp_port = _free_port()
-    spans = otlp_http_span_output(
-        live_config.placements(), endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces"
-    )
     started = time.time()
     server = LiveFleetServer(
         live_config.placements(),
         started_s=started,
         engine=EngineSettings.from_engine(live_config.engine),
-        spans=spans,
     )
     server.start()
     stop = threading.Event()
     service: Service | None = None
+    spans: SpanOutput | None = None
     try:
         targets = "".join(
             f'[[targets]]\nkind = "{t.kind.value}"\nurl = "{t.url}"\n'
@@ -316,10 +305,14 @@ def _live_phase(
         config_path = out / "live-servewatch.toml"
         config_path.write_text(
             f'[store]\npath = "{db.name}"\n[scrape]\ninterval_s = {LIVE_INTERVAL_S}\n'
-            f'timeout_s = 1\n[otlp]\nlisten = "127.0.0.1:{otlp_port}"\n{targets}',
+            f'timeout_s = 1\n[otlp]\nlisten = "127.0.0.1:0"\n{targets}',
             encoding="utf-8",
         )
+        # Every listener binds port 0 and is asked for its port afterwards: a port probed
+        # free and bound later can be taken in between by anything else on the machine.
         service = Service(config_path)
+        spans = otlp_http_span_output(live_config.placements(), endpoint=service.receiver.endpoint)
+        server.spans = spans
         simulation = FleetSimulation(live_config, observer=server, seed=3, start_s=started)
         driver = threading.Thread(
             target=run_live,
@@ -328,12 +321,13 @@ def _live_phase(
             daemon=True,
         )
         driver.start()
-        service.start(health_port=_free_port())
+        service.start(health_port=0)
         stop.wait(seconds)
     finally:
         stop.set()
         server.stop()
-        spans.shutdown()  # flushes the last spans while the receiver still listens
+        if spans is not None:
+            spans.shutdown()  # flushes the last spans while the receiver still listens
         if service is not None:
             service.stop()
     with Store.open(db) as store:

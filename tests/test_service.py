@@ -219,7 +219,7 @@ def dead_targets_config(tmp_path: Path, *, count: int, failing_after: int) -> Pa
     config.write_text(
         f'[store]\npath = "{tmp_path / "s.duckdb"}"\n'
         f"[scrape]\ninterval_s = 1\ntimeout_s = 1\nfailing_after = {failing_after}\n"
-        f'[otlp]\nlisten = "127.0.0.1:{free_port()}"\n{targets}',
+        f'[otlp]\nlisten = "127.0.0.1:0"\n{targets}',
         encoding="utf-8",
     )
     return config
@@ -272,13 +272,12 @@ def test_a_failing_streak_is_warned_once_and_its_recovery_noted(
 
 
 def test_healthz_says_degraded_then_no_target_answered() -> None:
-    port = free_port()
     metrics = SelfMetrics()
     health = TargetHealth(failing_after=1)
     health.keep(TARGETS)
     metrics.targets_failing.set_function(health.failing_count)
-    server = serve_health(metrics, health, port=port)
-    url = f"http://127.0.0.1:{port}"
+    server = serve_health(metrics, health, port=0)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         assert httpx.get(f"{url}/healthz").text == "ok\n"
         health.record(scrape_result(TARGETS[1], error=REFUSED))
