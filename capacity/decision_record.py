@@ -21,6 +21,7 @@ from capacity.cost import AutoscaledFleet, CostLines, cost_lines, usd_text
 from capacity.demand import TokenDemand
 from capacity.failure_table import FailureRow
 from capacity.figure import Figure, Step, derived, fmt
+from capacity.fleet_drills import FleetDrills
 from capacity.fleet_size import FleetSize
 from capacity.knee_search import ModelKnee
 from capacity.latency_model import LatencyModel
@@ -46,9 +47,13 @@ class DecisionRecord:
     pools: tuple[PoolCapacity, ...] = ()
     observed_demand: ObservedDemand | None = None
     autoscaled: AutoscaledFleet | None = None
+    drills: FleetDrills | None = None
 
     @property
     def recommended(self) -> FailureRow | None:
+        """The smallest fleet whose drill holds when drilled, else the table's minimum."""
+        if self.drills is not None:
+            return None if self.drills.recommended is None else self.drills.recommended.row
         return self.fleet.table.minimum
 
     @property
@@ -116,7 +121,10 @@ class DecisionRecord:
     def verdict(self) -> str:
         row, table = self.recommended, self.fleet.table
         if row is None:
-            return f"The requirement cannot be met: {table.infeasible_reason}."
+            reason = table.infeasible_reason
+            if self.drills is not None and self.drills.reason is not None:
+                reason = self.drills.reason
+            return f"The requirement cannot be met: {reason}."
         unit = table.spec.unit.value
         chain = self.fleet.chain
         gpus = row.replicas * self.requirement.replica.gpus
@@ -135,6 +143,19 @@ class DecisionRecord:
             f". Admit at most {fmt(row.max_admission)} {unit} to keep that promise (healthy "
             f"capacity is {fmt(row.healthy_capacity)} {unit})."
         )
+        drills = self.drills
+        if drills is not None and drills.recommended is not None:
+            minimum = table.minimum
+            if minimum is not None and minimum.hosts != row.hosts:
+                text += (
+                    f" The failure table's arithmetic gives {minimum.hosts} hosts, but "
+                    f"{'its drill fails' if minimum.hosts < row.hosts else 'fewer hold'} in "
+                    "simulation."
+                )
+            text += f" Drilled in simulation: {drills.recommended.drill.verdict()}"
+            if drills.smaller is not None:
+                text += f"; with one host fewer: {drills.smaller.drill.verdict()}"
+            text += "."
         today = len(table.spec.initial.hosts)
         if today and row.hosts != today:
             change = row.hosts - today
@@ -208,7 +229,7 @@ class DecisionRecord:
                 "replica_capacity": _num(table.spec.replica_rate),
                 "replica_capacity_source": fleet.chain.replica_rate.source,
                 "backlog": _figure_json(fleet.backlog_work),
-                "rows": [_row_json(r) for r in table.rows],
+                "rows": [_row_json(r, self.drills) for r in _table_rows(self)],
                 "minimum_hosts": None if row is None else row.hosts,
                 "healthy_minimum_hosts": None
                 if table.healthy_minimum is None
@@ -216,6 +237,7 @@ class DecisionRecord:
                 "infeasible_reason": table.infeasible_reason,
             },
             "risk": _risk_json(self.risk),
+            "drills": _drills_json(self.drills),
         }
 
     def to_markdown(self) -> str:
@@ -289,7 +311,38 @@ def _step_json(step: Step) -> dict[str, Any]:
     return {"step": step.label, **_figure_json(step.figure)}
 
 
-def _row_json(row: FailureRow) -> dict[str, Any]:
+def _table_rows(record: DecisionRecord) -> list[FailureRow]:
+    """The table's rows and every drilled row beyond them, by host count."""
+    rows = {row.hosts: row for row in record.fleet.table.rows}
+    if record.drills is not None:
+        for drilled in record.drills.drilled:
+            rows.setdefault(drilled.row.hosts, drilled.row)
+    return [rows[hosts] for hosts in sorted(rows)]
+
+
+def _drill_word(row: FailureRow, drills: FleetDrills | None) -> str | None:
+    drilled = None if drills is None else drills.for_hosts(row.hosts)
+    return None if drilled is None else "holds" if drilled.drill.holds else "fails"
+
+
+def _drills_json(drills: FleetDrills | None) -> dict[str, Any] | None:
+    if drills is None:
+        return None
+    return {
+        "summary": drills.summary(),
+        "recommended_hosts": None if drills.recommended is None else drills.recommended.row.hosts,
+        "reason": drills.reason,
+        "replacement_startup_stated": drills.startup_stated,
+        "recommended": None if drills.recommended is None else drills.recommended.drill.to_json(),
+        "smaller": None if drills.smaller is None else drills.smaller.drill.to_json(),
+        "drilled": [
+            {"hosts": d.row.hosts, "holds": d.drill.holds, "verdict": d.drill.verdict()}
+            for d in drills.drilled
+        ],
+    }
+
+
+def _row_json(row: FailureRow, drills: FleetDrills | None = None) -> dict[str, Any]:
     return {
         "hosts": row.hosts,
         "replicas": row.replicas,
@@ -306,6 +359,7 @@ def _row_json(row: FailureRow) -> dict[str, Any]:
         "meets_failure": row.meets_failure,
         "usd_per_month": _num(row.usd_per_month),
         "reserve_usd_per_month": _num(row.reserve_usd_per_month),
+        "drill": _drill_word(row, drills),
     }
 
 
@@ -624,23 +678,67 @@ def _table_lines(record: DecisionRecord) -> list[str]:
         "",
         (
             "| hosts | replicas | healthy | after 1 replica | after 1 host | after 1 zone "
-            "| max admission | drain after failure | meets | usd/month | reserve usd/month |"
+            "| max admission | drain after failure | meets | drill | usd/month "
+            "| reserve usd/month |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     minimum = table.minimum.hosts if table.minimum is not None else None
-    for row in table.rows:
+    recommended = record.recommended
+    for row in _table_rows(record):
         drain = "never" if row.drain_s is None else f"{fmt(row.drain_s)} s"
         meets = "yes" if row.meets_failure else "no"
         meets += " (minimum)" if row.hosts == minimum else ""
+        drill = _drill_word(row, record.drills) or ""
+        if recommended is not None and record.drills is not None and row == recommended:
+            drill += " (recommended)"
         lines.append(
             f"| {row.hosts} | {row.replicas} | {fmt(row.healthy_capacity)} "
             f"| {fmt(row.after_replica_loss)} | {fmt(row.after_host_loss)} "
             f"| {fmt(row.after_zone_loss)} | {fmt(row.max_admission)} | {drain} | {meets} "
-            f"| {_cost_cell(row.usd_per_month)} | {_cost_cell(row.reserve_usd_per_month)} |"
+            f"| {drill} | {_cost_cell(row.usd_per_month)} "
+            f"| {_cost_cell(row.reserve_usd_per_month)} |"
         )
     if table.infeasible_reason:
         lines += ["", f"Not met: {table.infeasible_reason}."]
+    return lines
+
+
+def _drill_lines(record: DecisionRecord) -> list[str]:
+    drills = record.drills
+    if drills is None:
+        return []
+    lines = ["", "## Failure drill", "", drills.summary() + "."]
+    if not drills.startup_stated:
+        lines += [
+            "",
+            (
+                "Replacement start-up not stated (`recovery.replacement_startup_s`): "
+                "the engine's cold start was assumed."
+            ),
+        ]
+    for title, drilled in (("Recommended", drills.recommended), ("One host fewer", drills.smaller)):
+        if drilled is None:
+            continue
+        result = drilled.drill
+        lines += [
+            "",
+            f"{title}: {result.verdict()}.",
+            "",
+            (
+                "| phase | from s | to s | attainment | p95 TTFT s | p95 TPOT s "
+                "| ready replicas | skew | retries | refused | queue max | oldest queue s "
+                "| useful/min | demand/min |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.phase.value} | {fmt(p.from_s)} | {fmt(p.to_s)} | {p.attainment_ratio:.1%} "
+            f"| {fmt(p.ttft_p95_s)} | {fmt(p.tpot_p95_s)} | {p.ready_replicas_min} "
+            f"| {fmt(p.routing_skew_ratio)} | {p.retries} | {p.refused} | {p.queue_depth_max} "
+            f"| {fmt(p.oldest_queue_s)} | {fmt(p.useful_per_min)} | {fmt(p.demand_per_min)} |"
+            for p in result.phases
+        ]
     return lines
 
 
@@ -691,6 +789,7 @@ def _markdown_lines(record: DecisionRecord) -> list[str]:
         *_pool_lines(record),
         *_chain_lines(record),
         *_table_lines(record),
+        *_drill_lines(record),
         *_risk_lines(record),
         *_input_lines(record),
     ]

@@ -131,6 +131,9 @@ class ModelKnee:
     router: RouterPolicy
     confidence_ratio: float
     probed_virtual_s: float  # what every probe of every search simulated, warm-ups included
+    # What a drill of this engine needs besides `step`: the requests searched, the limits.
+    mix: SampledMix
+    limits: EngineParams
 
     def summary(self) -> str:
         return (
@@ -462,4 +465,6 @@ def search_knee(
         router=spec.router,
         confidence_ratio=spec.confidence_ratio,
         probed_virtual_s=probed_s,
+        mix=replay.mix,
+        limits=spec.limits,
     )

@@ -25,7 +25,9 @@ from capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figur
 from capacity.cost import AutoscaledFleet
 from capacity.decision_record import DecisionRecord
 from capacity.demand import RateDemand, TokenDemand
+from capacity.failure_table import RateUnit
 from capacity.figure import derived, fmt
+from capacity.fleet_drills import drill_candidates
 from capacity.fleet_size import FleetSize, size_fleet
 from capacity.observed_demand import ObservedDemand
 from capacity.placement import NO_LAYOUT, Layout
@@ -116,8 +118,11 @@ def recommend(
     layout: Layout = NO_LAYOUT,
     pools: tuple[PoolCapacity, ...] = (),
     observed: ObservedDemand | None = None,
+    drill: bool = True,
 ) -> DecisionRecord:
-    """Size the fleet for `requirement`, with measurements where given, and record why."""
+    """Size the fleet for `requirement`, with measurements where given, and record why.
+    With a fitted engine model (and `drill`), the failure table's answer is drilled in
+    simulation (fleet_drills.py) and the smallest fleet whose drill holds is recommended."""
     notes: list[str] = []
     if observed is not None:
         requirement, demand_note = with_observed_demand(requirement, observed)
@@ -136,6 +141,17 @@ def recommend(
         raise RequirementError(f"{requirement.source}: {exc}") from exc
     risk = assess_risk(requirement, fleet, sizer=sizer, fit=fit, hit_ratio=hit_ratio, layout=layout)
     autoscaled = None if observed is None else autoscaled_fleet(requirement, observed, sizer=sizer)
+    drills = None
+    if drill and isinstance(fit, PoolCapacity) and fit.engine_model is not None:
+        drills = drill_candidates(
+            fleet.table,
+            requirement=requirement,
+            model=fit.engine_model,
+            demand_rps=_demand_rps(fleet, requirement),
+            seed=fit.attainment.spec.seed,
+        )
+        if drills is not None:
+            notes.append(drills.summary())
     return DecisionRecord(
         requirement=requirement,
         created_at=now,
@@ -148,7 +164,16 @@ def recommend(
         pools=pools,
         observed_demand=observed,
         autoscaled=autoscaled,
+        drills=drills,
     )
+
+
+def _demand_rps(fleet: FleetSize, requirement: Requirement) -> float:
+    """The requests per second a drill drives, headroom included."""
+    spec = fleet.table.spec
+    if spec.unit is RateUnit.REQ_PER_MIN:
+        return spec.demand_rate / 60.0
+    return fleet.demand.req_per_min.value * (1.0 + requirement.headroom_ratio.value) / 60.0
 
 
 def autoscaled_fleet(

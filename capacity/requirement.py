@@ -71,6 +71,14 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class ClientSpec:
+    """How the fleet's clients behave when a request is refused or fails (the drill's)."""
+
+    max_retries: int = 0
+    backoff_s: float = 1.0
+
+
+@dataclass(frozen=True)
 class RiskSettings:
     unstable_hit_spread_ratio: Figure
     affinity_loss_hit_ratio: Figure
@@ -93,6 +101,7 @@ class Requirement:
     # The engine's limit on running sequences, which spans cannot show (the knee search's
     # engine uses the emulator's default, 256, unless stated).
     max_num_seqs: int | None = None
+    clients: ClientSpec = ClientSpec()
 
 
 def default_recovery_interval() -> Figure:
@@ -356,6 +365,21 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     )
     recovery_section.done()
 
+    clients_section = root.table("clients")
+    retries = clients_section.raw("max_retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
+        raise clients_section.fail("max_retries", f"must be a whole number >= 0, got {retries!r}")
+    backoff = clients_section.raw("backoff_s")
+    clients = ClientSpec(
+        max_retries=0 if retries is None else retries,
+        backoff_s=1.0
+        if backoff is None
+        else clients_section.checked("backoff_s", backoff, NON_NEGATIVE),
+    )
+    clients_section.done()
+
     cost_section = root.table("cost")
     cost = CostSpec(
         usd_per_gpu_hour=(
@@ -424,6 +448,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         slo=slo,
         pool=pool,
         max_num_seqs=max_num_seqs,
+        clients=clients,
     )
 
 

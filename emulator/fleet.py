@@ -8,8 +8,9 @@ and config give the same records whether it is driven in one call or in many.
 
 Routing sees only replicas that are up (a perfect health check). Requests are refused before
 any replica sees them when nothing is up (`unroutable_requests`) or their prompt does not fit
-max_model_len (`rejected_requests`), as a gateway and vLLM's frontend would; neither reaches the
-observer.
+max_model_len (`rejected_requests`), as a gateway and vLLM's frontend would, and when the
+gateway's admission limit is exhausted (`shed_requests`, config.admission); none reaches the
+observer, and the source hears of each as refused (a retrying client may send it again).
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class FleetCounters:
     rejected_requests: int
     unroutable_requests: int
     failed_requests: int
+    shed_requests: int = 0
 
 
 class FleetSimulation:
@@ -220,6 +222,12 @@ class FleetSimulation:
         self._rejected = 0
         self._unroutable = 0
         self._failed = 0
+        self._shed = 0
+        admission = config.admission
+        self._admit_rps = admission.rate_rps if admission is not None else 0.0
+        self._burst = admission.burst if admission is not None else 0.0
+        self._tokens = self._burst
+        self._tokens_s = start_s
         self._max_prompt = config.engine.max_model_len - 1
         for engine in self._engines:
             engine.restart(start_s)
@@ -233,7 +241,7 @@ class FleetSimulation:
 
     @property
     def counters(self) -> FleetCounters:
-        return FleetCounters(self._rejected, self._unroutable, self._failed)
+        return FleetCounters(self._rejected, self._unroutable, self._failed, self._shed)
 
     def run_until(self, t_s: float) -> None:  # noqa: PLR0912 (the event loop, one branch per kind)
         """Advance virtual time to `t_s`, reporting everything that happens up to it."""
@@ -306,9 +314,22 @@ class FleetSimulation:
                 heapq.heappush(self._replica_heap, (at_s, i))
 
     def _refuse(self, spec: RequestSpec, at_s: float) -> None:
-        self._source.follow_up(spec, completion_tokens=0, end_s=at_s, ok=False)
+        self._source.follow_up(spec, completion_tokens=0, end_s=at_s, ok=False, refused=True)
+
+    def _admitted(self, at_s: float) -> bool:
+        """Take a token from the gateway's bucket, refilled at the admission rate."""
+        self._tokens = min(self._burst, self._tokens + (at_s - self._tokens_s) * self._admit_rps)
+        self._tokens_s = at_s
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
     def _route(self, spec: RequestSpec, at_s: float) -> None:
+        if self._admit_rps and not self._admitted(at_s):
+            self._shed += 1
+            self._refuse(spec, at_s)
+            return
         if spec.prompt_tokens > self._max_prompt:
             self._rejected += 1
             self._refuse(spec, at_s)

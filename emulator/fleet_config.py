@@ -158,6 +158,25 @@ class SloSpec:
             raise SpecError("target_ratio", f"must be in (0, 1], got {self.target_ratio}")
 
 
+@dataclass(frozen=True)
+class AdmissionSpec:
+    """The gateway's admission limit: a token bucket of `rate_rps` holding up to `burst`
+    requests. An arrival finding the bucket empty is shed with a retry-after of
+    `retry_after_s` (a client that retries waits at least that long)."""
+
+    rate_rps: float
+    burst: float = 1.0
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.rate_rps > 0:
+            raise SpecError("rate_rps", f"must be > 0 requests per second, got {self.rate_rps}")
+        if not self.burst >= 1.0:
+            raise SpecError("burst", f"must be >= 1 request, got {self.burst}")
+        if not self.retry_after_s >= 0:
+            raise SpecError("retry_after_s", f"must be >= 0 seconds, got {self.retry_after_s}")
+
+
 def _default_workload() -> WorkloadSpec:
     return WorkloadSpec(
         arrival=ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=6.0),
@@ -181,6 +200,7 @@ class FleetConfig:
     workload: WorkloadSpec = field(default_factory=_default_workload)
     failures: tuple[FailureSpec, ...] = ()
     slo: SloSpec = field(default_factory=SloSpec)
+    admission: AdmissionSpec | None = None  # None: the gateway admits everything
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -92,11 +92,21 @@ class _Judge:
         return self._count(self._source.next_arrival())
 
     def follow_up(
-        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+        self,
+        finished: RequestSpec,
+        *,
+        completion_tokens: int,
+        end_s: float,
+        ok: bool,
+        refused: bool = False,
     ) -> RequestSpec | None:
         return self._count(
             self._source.follow_up(
-                finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok
+                finished,
+                completion_tokens=completion_tokens,
+                end_s=end_s,
+                ok=ok,
+                refused=refused,
             )
         )
 

@@ -62,6 +62,12 @@ class SampledSource:
         )
 
     def follow_up(
-        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+        self,
+        finished: RequestSpec,
+        *,
+        completion_tokens: int,
+        end_s: float,
+        ok: bool,
+        refused: bool = False,
     ) -> RequestSpec | None:
         return None

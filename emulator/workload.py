@@ -428,9 +428,17 @@ class RequestSource(Protocol):
         ...
 
     def follow_up(
-        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+        self,
+        finished: RequestSpec,
+        *,
+        completion_tokens: int,
+        end_s: float,
+        ok: bool,
+        refused: bool = False,
     ) -> RequestSpec | None:
-        """The next turn after `finished` ended at `end_s`, None when the conversation is over."""
+        """The next turn after `finished` ended at `end_s`, None when the conversation is over.
+        `ok` is False for a failed request; `refused` says no replica saw it (the fleet
+        turned it away: no replica up or free, the gateway's admission limit, too long)."""
         ...
 
 
@@ -559,7 +567,13 @@ class SyntheticWorkload:
                 return request
 
     def follow_up(
-        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+        self,
+        finished: RequestSpec,
+        *,
+        completion_tokens: int,
+        end_s: float,
+        ok: bool,
+        refused: bool = False,
     ) -> RequestSpec | None:
         conv_id = finished.conversation_id
         if conv_id is None:
@@ -639,7 +653,13 @@ class ReplayWorkload:
         )
 
     def follow_up(
-        self, finished: RequestSpec, *, completion_tokens: int, end_s: float, ok: bool
+        self,
+        finished: RequestSpec,
+        *,
+        completion_tokens: int,
+        end_s: float,
+        ok: bool,
+        refused: bool = False,
     ) -> RequestSpec | None:
         return None
 

@@ -1,0 +1,159 @@
+"""Fleet drills: the failure table's answer proved in simulation before it is recommended.
+
+The failure table's minimum is arithmetic on one number, the capacity per replica. A drill
+(drill.py) runs the candidate fleet itself, with the fitted engine, at the demand, through the
+named failure. Starting from the table's minimum, a candidate that fails is grown host by host
+until one holds (up to `MAX_EXTRA_HOSTS` more); one that holds is shrunk while the next smaller
+still holds. The answer is the smallest fleet whose drill holds, and the drill of one host
+fewer, which fails, is kept beside it as the evidence that it is the minimum.
+
+The drilled fleet is the candidate's hosts per zone with the requirement's replicas per host
+(a layout with uneven hosts is drilled as even ones of that size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capacity.drill import DrillFleet, DrillResult, DrillSpec, run_drill
+from capacity.failure_table import FailureRow, FailureTable, failure_row
+from capacity.knee_search import ModelKnee, engine_params
+from capacity.placement import FailureUnit, Footprint
+from capacity.requirement import Requirement
+from emulator.clients import RetryPolicy
+from emulator.engine_params import EngineParams
+from emulator.fleet_config import RouterSpec, TopologySpec
+
+MAX_EXTRA_HOSTS = 4
+# When the requirement states no replacement start-up time: the emulator's cold start.
+DEFAULT_STARTUP_S = EngineParams().cold_start_s
+
+
+@dataclass(frozen=True)
+class DrilledRow:
+    row: FailureRow
+    drill: DrillResult
+
+
+@dataclass(frozen=True)
+class FleetDrills:
+    """Every candidate drilled, in host order, and what they prove."""
+
+    drilled: tuple[DrilledRow, ...]
+    recommended: DrilledRow | None  # the smallest that holds
+    smaller: DrilledRow | None  # one host fewer than the recommended, which fails
+    reason: str | None  # why nothing is recommended, when nothing holds
+    startup_stated: bool
+
+    def for_hosts(self, hosts: int) -> DrilledRow | None:
+        return next((d for d in self.drilled if d.row.hosts == hosts), None)
+
+    def summary(self) -> str:
+        if self.recommended is None:
+            return f"no candidate holds its drill: {self.reason}"
+        text = f"drilled: {self.recommended.drill.verdict()}"
+        if self.smaller is not None:
+            text += f"; one host fewer: {self.smaller.drill.verdict()}"
+        return text
+
+
+def topology(footprint: Footprint, *, replicas_per_host: int, gpus: int) -> TopologySpec:
+    zones = [(zone, hosts) for zone, hosts in footprint.hosts_by_zone if hosts > 0]
+    return TopologySpec(
+        zones=tuple(zone for zone, _ in zones),
+        hosts_per_zone=tuple(hosts for _, hosts in zones),
+        replicas_per_host=replicas_per_host,
+        gpus_per_replica=gpus,
+    )
+
+
+def drill_spec(requirement: Requirement, *, demand_rps: float, seed: int) -> DrillSpec:
+    """The drill a requirement asks for at `demand_rps` (headroom included)."""
+    recovery = requirement.recovery
+    slo = requirement.slo
+    startup = recovery.replacement_startup_s
+    return DrillSpec(
+        demand_rps=demand_rps,
+        failure_unit=requirement.failure_unit,
+        ttft_limit_s=slo.ttft_limit_s,
+        tpot_limit_s=slo.tpot_limit_s,
+        target_ratio=slo.target_ratio,
+        recovery_interval_s=recovery.interval_s.value,
+        replacement_startup_s=DEFAULT_STARTUP_S if startup is None else startup.value,
+        retries=RetryPolicy(
+            max_retries=requirement.clients.max_retries,
+            backoff_s=requirement.clients.backoff_s,
+        ),
+        replacement_blocked=bool(recovery.startup_dependencies),
+        backlog_requests=round(recovery.backlog_requests.value),
+        seed=seed,
+    )
+
+
+def drill_candidates(
+    table: FailureTable,
+    *,
+    requirement: Requirement,
+    model: ModelKnee,
+    demand_rps: float,
+    seed: int,
+) -> FleetDrills | None:
+    """Drill from the table's minimum up or down to the smallest fleet that holds; None when
+    the table has no minimum or the requirement no TTFT or TPOT limit to judge by."""
+    if table.minimum is None or not requirement.slo.attainment:
+        return None
+    spec = drill_spec(requirement, demand_rps=demand_rps, seed=seed)
+    healthy = table.healthy_minimum.replicas if table.healthy_minimum is not None else 0
+    engine = engine_params(model.step, limits=model.limits)
+    done: dict[int, DrilledRow] = {}
+
+    def drilled(hosts: int) -> DrilledRow:
+        if hosts not in done:
+            footprint = table.spec.initial.resized(
+                hosts=hosts,
+                zones=table.spec.zones,
+                replicas_per_host=table.spec.replicas_per_host,
+            )
+            fleet = DrillFleet(
+                engine=engine,
+                topology=topology(
+                    footprint,
+                    replicas_per_host=table.spec.replicas_per_host,
+                    gpus=table.spec.gpus_per_replica,
+                ),
+                router=RouterSpec(policy=model.router),
+                workload=model.mix,
+                ttft_offset_s=model.check.ttft_offset_s,
+            )
+            done[hosts] = DrilledRow(
+                failure_row(table.spec, footprint, healthy_replicas=healthy),
+                run_drill(fleet, spec),
+            )
+        return done[hosts]
+
+    hosts = table.minimum.hosts
+    while not drilled(hosts).drill.holds and hosts < table.minimum.hosts + MAX_EXTRA_HOSTS:
+        hosts += 1
+    recommended: DrilledRow | None = drilled(hosts)
+    if recommended is not None and recommended.drill.holds:
+        while hosts > 1 and drilled(hosts - 1).drill.holds:
+            hosts -= 1
+        recommended = drilled(hosts)
+    reason = None
+    if recommended is None or not recommended.drill.holds:
+        recommended = None
+        reason = (
+            f"no fleet of {table.minimum.hosts} to {hosts} hosts holds its drill at "
+            f"{demand_rps * 60:.4g} req/min"
+            + ("" if requirement.failure_unit is FailureUnit.NONE else " through the failure")
+        )
+    smaller = None
+    if recommended is not None and recommended.row.hosts > 1:
+        smaller = drilled(recommended.row.hosts - 1)
+    return FleetDrills(
+        drilled=tuple(done[h] for h in sorted(done)),
+        recommended=recommended,
+        smaller=smaller,
+        reason=reason,
+        startup_stated=requirement.recovery.replacement_startup_s is not None,
+    )
