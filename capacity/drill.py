@@ -530,15 +530,17 @@ def _window(run: _Run, from_s: float, to_s: float) -> dict[str, Any]:
 
 
 def _drain_s(run: _Run, marks: _Marks, replicas: int) -> float | None:
-    """Failure until the backlog is back at its steady level for good (within one waiting
-    request per replica, which is noise), None when it never is within the run."""
+    """Failure until the backlog has drained: the first sample after the backlog's peak at
+    which it is back near its steady level (twice the steady peak, or two waiting requests
+    per replica: a queue sampled every 10 s spikes that much with no backlog at all); 0 when
+    it never rose above that; None when it never falls back within the run."""
     steady = max((s[1] for s in run.samples if s[0] < marks.fail_s), default=0)
-    level = max(steady, replicas)
-    judged = [s for s in run.samples if marks.fail_s <= s[0] <= marks.end_s]
-    for i, (t_s, _, _) in enumerate(judged):
-        if all(s[1] <= level for s in judged[i:]):
-            return t_s - marks.fail_s
-    return None
+    level = 2 * max(steady, replicas)
+    judged = [s for s in run.samples if marks.fail_s <= s[0] < marks.end_s]
+    if not judged or max(s[1] for s in judged) <= level:
+        return 0.0
+    peak = max(range(len(judged)), key=lambda i: (judged[i][1], -i))
+    return next((t_s - marks.fail_s for t_s, depth, _ in judged[peak:] if depth <= level), None)
 
 
 def _first_failed_minute(

@@ -123,6 +123,8 @@ class ModelKnee:
     bootstrap_high_rps: float
     # Behind prefix-affinity routing, the knee with no prompt cached: the low end reaches it.
     cache_lost_knee_rps: float | None
+    # The replay that knee was searched at: every served prompt token prefilled, uncached.
+    cache_lost_replay: Replay | None
     engine: EngineFit
     step: StepTime  # the step time searched: the fit's, per uncached token when FROM_TTFT
     check: ModelCheck
@@ -436,12 +438,14 @@ def search_knee(
     knees = sorted(k for k, _ in searched)
     probed_s += sum(seconds for _, seconds in searched)
     low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)
-    cache_lost = None
+    cache_lost = cache_lost_replay = None
     uncached = _uncached(fit.step, hit_ratio=hit_ratio)
     if spec.router is RouterPolicy.PREFIX_AFFINITY and uncached is not None:
+        # The served prompts, every token now prefilled.
+        cache_lost_replay = Replay(PrefillShape.SERVED, checked[0][0].mix, uncached, ())
         cache_lost, cache_lost_s = _search(
             uncached,
-            checked[0][0].mix,  # the served prompts, every token now prefilled
+            cache_lost_replay.mix,
             spec=spec,
             ttft_offset_s=check.ttft_offset_s,
             seed=spec.seed,
@@ -454,6 +458,7 @@ def search_knee(
         knee_rps=knee,
         low_rps=widened_low if cache_lost is None else min(widened_low, cache_lost),
         cache_lost_knee_rps=cache_lost,
+        cache_lost_replay=cache_lost_replay,
         high_rps=_widened(knee, max(high, knee), upper=True),
         bootstrap_low_rps=min(low, knee),
         bootstrap_high_rps=max(high, knee),
