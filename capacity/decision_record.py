@@ -237,7 +237,7 @@ class DecisionRecord:
                 "infeasible_reason": table.infeasible_reason,
             },
             "risk": _risk_json(self.risk),
-            "drills": _drills_json(self.drills),
+            "drills": drill_section_json(self.drills),
         }
 
     def to_markdown(self) -> str:
@@ -325,7 +325,7 @@ def _drill_word(row: FailureRow, drills: FleetDrills | None) -> str | None:
     return None if drilled is None else "holds" if drilled.drill.holds else "fails"
 
 
-def _drills_json(drills: FleetDrills | None) -> dict[str, Any] | None:
+def drill_section_json(drills: FleetDrills | None) -> dict[str, Any] | None:
     if drills is None:
         return None
     return {
@@ -718,27 +718,8 @@ def _drill_lines(record: DecisionRecord) -> list[str]:
             ),
         ]
     for title, drilled in (("Recommended", drills.recommended), ("One host fewer", drills.smaller)):
-        if drilled is None:
-            continue
-        result = drilled.drill
-        lines += [
-            "",
-            f"{title}: {result.verdict()}.",
-            "",
-            (
-                "| phase | from s | to s | attainment | p95 TTFT s | p95 TPOT s "
-                "| ready replicas | skew | retries | refused | queue max | oldest queue s "
-                "| useful/min | demand/min |"
-            ),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {p.phase.value} | {fmt(p.from_s)} | {fmt(p.to_s)} | {p.attainment_ratio:.1%} "
-            f"| {fmt(p.ttft_p95_s)} | {fmt(p.tpot_p95_s)} | {p.ready_replicas_min} "
-            f"| {fmt(p.routing_skew_ratio)} | {p.retries} | {p.refused} | {p.queue_depth_max} "
-            f"| {fmt(p.oldest_queue_s)} | {fmt(p.useful_per_min)} | {fmt(p.demand_per_min)} |"
-            for p in result.phases
-        ]
+        if drilled is not None:
+            lines += ["", *drilled.drill.markdown_lines(title)]
     return lines
 
 

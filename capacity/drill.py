@@ -214,7 +214,13 @@ class DrillResult:
                 f"(lowest {min(p.attainment_ratio for p in self.phases):.1%}), backlog drained "
                 f"in {fmt(self.drain_s or 0.0)} s"
             )
-        where = f" in phase {self.failed_phase.value}" if self.failed_phase else ""
+        first = next((p for p in self.phases if p.phase is self.failed_phase), None)
+        where = (
+            f" in phase {first.phase.value} ({first.attainment_ratio:.1%} against "
+            f"{self.spec.target_ratio:.0%})"
+            if first is not None and not first.holds(self.spec.target_ratio)
+            else ""
+        )
         minute = f", first at minute {self.failed_minute:+d}" if self.failed_minute else ""
         drain = (
             "the backlog never drains"
@@ -223,10 +229,30 @@ class DrillResult:
         )
         worst = min(self.phases, key=lambda p: p.attainment_ratio)
         return (
-            f"{head}: fails{where}{minute}; attainment {worst.attainment_ratio:.1%} in "
-            f"{worst.phase.value} against {self.spec.target_ratio:.0%}; {drain} "
-            f"(bound {fmt(self.spec.drain_limit_s)} s)"
+            f"{head}: fails{where}{minute}; lowest attainment {worst.attainment_ratio:.1%} in "
+            f"{worst.phase.value}; {drain} (bound {fmt(self.spec.drain_limit_s)} s)"
         )
+
+    def markdown_lines(self, title: str) -> list[str]:
+        """The verdict and the phase table, as the decision record and `drill` print them."""
+        lines = [
+            f"{title}: {self.verdict()}.",
+            "",
+            (
+                "| phase | from s | to s | attainment | p95 TTFT s | p95 TPOT s "
+                "| ready replicas | skew | retries | refused | queue max | oldest queue s "
+                "| useful/min | demand/min |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.phase.value} | {fmt(p.from_s)} | {fmt(p.to_s)} | {p.attainment_ratio:.1%} "
+            f"| {fmt(p.ttft_p95_s)} | {fmt(p.tpot_p95_s)} | {p.ready_replicas_min} "
+            f"| {fmt(p.routing_skew_ratio)} | {p.retries} | {p.refused} | {p.queue_depth_max} "
+            f"| {fmt(p.oldest_queue_s)} | {fmt(p.useful_per_min)} | {fmt(p.demand_per_min)} |"
+            for p in self.phases
+        ]
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         def clean(value: float | None) -> float | None:

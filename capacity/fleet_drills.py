@@ -90,6 +90,29 @@ def drill_spec(requirement: Requirement, *, demand_rps: float, seed: int) -> Dri
     )
 
 
+def drill_row(table: FailureTable, *, hosts: int, model: ModelKnee, spec: DrillSpec) -> DrilledRow:
+    """The table's candidate of `hosts` hosts (grown or shrunk from today's layout) drilled
+    with the fitted engine `model`."""
+    footprint = table.spec.initial.resized(
+        hosts=hosts, zones=table.spec.zones, replicas_per_host=table.spec.replicas_per_host
+    )
+    fleet = DrillFleet(
+        engine=engine_params(model.step, limits=model.limits),
+        topology=topology(
+            footprint,
+            replicas_per_host=table.spec.replicas_per_host,
+            gpus=table.spec.gpus_per_replica,
+        ),
+        router=RouterSpec(policy=model.router),
+        workload=model.mix,
+        ttft_offset_s=model.check.ttft_offset_s,
+    )
+    healthy = table.healthy_minimum.replicas if table.healthy_minimum is not None else 0
+    return DrilledRow(
+        failure_row(table.spec, footprint, healthy_replicas=healthy), run_drill(fleet, spec)
+    )
+
+
 def drill_candidates(
     table: FailureTable,
     *,
@@ -103,32 +126,11 @@ def drill_candidates(
     if table.minimum is None or not requirement.slo.attainment:
         return None
     spec = drill_spec(requirement, demand_rps=demand_rps, seed=seed)
-    healthy = table.healthy_minimum.replicas if table.healthy_minimum is not None else 0
-    engine = engine_params(model.step, limits=model.limits)
     done: dict[int, DrilledRow] = {}
 
     def drilled(hosts: int) -> DrilledRow:
         if hosts not in done:
-            footprint = table.spec.initial.resized(
-                hosts=hosts,
-                zones=table.spec.zones,
-                replicas_per_host=table.spec.replicas_per_host,
-            )
-            fleet = DrillFleet(
-                engine=engine,
-                topology=topology(
-                    footprint,
-                    replicas_per_host=table.spec.replicas_per_host,
-                    gpus=table.spec.gpus_per_replica,
-                ),
-                router=RouterSpec(policy=model.router),
-                workload=model.mix,
-                ttft_offset_s=model.check.ttft_offset_s,
-            )
-            done[hosts] = DrilledRow(
-                failure_row(table.spec, footprint, healthy_replicas=healthy),
-                run_drill(fleet, spec),
-            )
+            done[hosts] = drill_row(table, hosts=hosts, model=model, spec=spec)
         return done[hosts]
 
     hosts = table.minimum.hosts

@@ -147,7 +147,7 @@ def recommend(
             fleet.table,
             requirement=requirement,
             model=fit.engine_model,
-            demand_rps=_demand_rps(fleet, requirement),
+            demand_rps=drill_demand_rps(fleet, requirement),
             seed=fit.attainment.spec.seed,
         )
         if drills is not None:
@@ -168,7 +168,7 @@ def recommend(
     )
 
 
-def _demand_rps(fleet: FleetSize, requirement: Requirement) -> float:
+def drill_demand_rps(fleet: FleetSize, requirement: Requirement) -> float:
     """The requests per second a drill drives, headroom included."""
     spec = fleet.table.spec
     if spec.unit is RateUnit.REQ_PER_MIN:

@@ -34,6 +34,9 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
+from capacity.decision_record import drill_section_json
+from capacity.drill import DrillSpec
+from capacity.placement import FailureUnit
 from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
 from capacity.worksheet import size_from_file
@@ -46,8 +49,10 @@ from collectors.replay import fixture_page_count, replay_fixture
 from collectors.targets import Target, TargetKind
 from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from dashboards.export import write_report
+from emulator.clients import RetryPolicy
 from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
 from emulator.native import describe as emulator_implementation
+from emulator.workload import SpecError as EmulatorSpecError
 from pipeline.request_sli import GoodputLimits
 from pipeline.rollout_comparison import VersionLabelError
 from pipeline.store import (
@@ -63,6 +68,7 @@ from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
+from servewatch.drill_service import DrillSetupError, StoreDrills, config_drill, store_drill
 from servewatch.emulation import record_emulated_fleet, serve_emulated_fleet
 from servewatch.health_service import (
     DEFAULT_VERSION_LABEL,
@@ -1059,6 +1065,148 @@ def recommend(
         print_json(document)
     else:
         out_console.print(Markdown(markdown))
+
+
+@app.command()
+def drill(
+    requirement: Annotated[
+        Path | None,
+        typer.Option(
+            help="Requirement TOML: drill what `recommend` sizes from the store, with the "
+            "engine fitted from its traced requests."
+        ),
+    ] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fleet TOML (docs/fleet.example.toml) instead: drill that emulated fleet "
+            "(needs --req-per-min or uses its workload's rate)."
+        ),
+    ] = None,
+    hosts: Annotated[
+        int | None,
+        typer.Option(help="With --requirement: also drill this many hosts.", min=1),
+    ] = None,
+    req_per_min: Annotated[
+        float | None, typer.Option(help="With --fleet: the demand, requests per minute.")
+    ] = None,
+    failure: Annotated[
+        FailureUnit, typer.Option(help="With --fleet: the unit lost (the worst one).")
+    ] = FailureUnit.HOST,
+    recovery_s: Annotated[
+        float, typer.Option(help="With --fleet: seconds with no replacement counted.")
+    ] = 180.0,
+    startup_s: Annotated[
+        float | None,
+        typer.Option(help="With --fleet: replacement start-up, s (default: the cold start)."),
+    ] = None,
+    retries: Annotated[
+        int, typer.Option(help="With --fleet: client retries per request.", min=0)
+    ] = 0,
+    backoff_s: Annotated[float, typer.Option(help="With --fleet: first retry backoff, s.")] = 1.0,
+    admission_req_per_min: Annotated[
+        float | None,
+        typer.Option(help="With --fleet: the gateway sheds above this rate (retry-after 1 s)."),
+    ] = None,
+    backlog: Annotated[
+        int, typer.Option(help="With --fleet: requests queued at the failure.", min=0)
+    ] = 0,
+    startup_blocked: Annotated[
+        bool,
+        typer.Option(help="With --fleet: a startup dependency is out, no replacement starts."),
+    ] = False,
+    steady_s: Annotated[
+        float, typer.Option(help="With --fleet: seconds of steady state before the failure.")
+    ] = 300.0,
+    after_s: Annotated[
+        float, typer.Option(help="With --fleet: seconds judged once replacements serve.")
+    ] = 300.0,
+    seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 1,
+    from_: FromOption = None,
+    to: ToOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Drill a fleet through its named failure in simulation: steady state, the worst replica,
+    host or zone lost with no replacement for the recovery interval, replacements cold-starting,
+    recovered; clients retrying, the gateway shedding. Per phase: SLO attainment, p95 TTFT and
+    TPOT, ready replicas, routing skew, retries, queue depth and age, useful completions
+    against demand; the verdict says whether the fleet holds and where it first fails."""
+    if (requirement is None) == (fleet is None):
+        raise fail("give one of --requirement (with the store) or --fleet", code=EXIT_BAD_INPUT)
+    if fleet is not None:
+        try:
+            config = load_fleet_config(fleet)
+        except (FleetConfigError, OSError) as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+        demand_rps = config.workload.arrival.rate_rps if req_per_min is None else req_per_min / 60
+        try:
+            spec = DrillSpec(
+                demand_rps=demand_rps,
+                failure_unit=failure,
+                ttft_limit_s=config.slo.ttft_s,
+                tpot_limit_s=config.slo.tpot_s,
+                target_ratio=config.slo.target_ratio,
+                recovery_interval_s=recovery_s,
+                replacement_startup_s=config.engine.cold_start_s
+                if startup_s is None
+                else startup_s,
+                steady_s=steady_s,
+                after_s=after_s,
+                retries=RetryPolicy(max_retries=retries, backoff_s=backoff_s),
+                admission_rps=None if admission_req_per_min is None else admission_req_per_min / 60,
+                replacement_blocked=startup_blocked,
+                backlog_requests=backlog,
+                seed=seed,
+            )
+        except (ValueError, EmulatorSpecError) as exc:
+            raise fail(f"drill: {exc}", code=EXIT_BAD_INPUT) from exc
+        with err_console.status(f"drilling {config.topology.hosts} hosts, {failure.value} lost"):
+            result = config_drill(config, spec)
+        if as_json:
+            print_json(result.to_json())
+        else:
+            out_console.print(Markdown("\n".join(result.markdown_lines("Drill"))))
+        return
+    assert requirement is not None
+    try:
+        spec_requirement = load_requirement(requirement)
+    except RequirementError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
+    with open_store() as store, err_console.status("fitting the engine and drilling"):
+        try:
+            found = store_drill(
+                store, requirement=spec_requirement, hosts=hosts, from_ts=from_ts, to_ts=to_ts
+            )
+        except (RequirementError, DrillSetupError) as exc:
+            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    for note in found.notes:
+        err_console.print(labelled("note:", note))
+    _print_store_drills(found, as_json=as_json)
+
+
+def _print_store_drills(found: StoreDrills, *, as_json: bool) -> None:
+    drills = found.drills
+    if as_json:
+        print_json(
+            {
+                "verdict": found.verdict,
+                "drills": drill_section_json(drills),
+                "stated": None if found.stated is None else found.stated.drill.to_json(),
+            }
+        )
+        return
+    lines = [found.verdict, ""]
+    if drills is not None:
+        for title, drilled in (
+            ("Recommended", drills.recommended),
+            ("One host fewer", drills.smaller),
+        ):
+            if drilled is not None:
+                lines += [*drilled.drill.markdown_lines(title), ""]
+    if found.stated is not None:
+        lines += found.stated.drill.markdown_lines(f"{found.stated.row.hosts} hosts")
+    out_console.print(Markdown("\n".join(lines)))
 
 
 @app.command()

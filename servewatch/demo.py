@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from capacity.requirement import parse_requirement
+from capacity.requirement import load_requirement
 from collectors.replay import replay_fixture
 from dashboards.export import write_report
 from emulator.failures import FailureKind, FailureSpec
@@ -133,32 +133,43 @@ def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
     )
 
 
-def _requirement(config: FleetConfig, capacity_req_per_min: float) -> dict[str, Any]:
-    """The demo's requirement: the fleet's own SLO, router and running-sequence limit (which
-    spans cannot show), the stated capacity the emulator's truth for one replica."""
-    return {
-        "name": "demo-chat",
-        "failure_unit": "host",
-        "headroom_ratio": 0.2,
-        "slo": {
-            "ttft_limit_s": config.slo.ttft_s,
-            "tpot_limit_s": config.slo.tpot_s,
-            "target_ratio": config.slo.target_ratio,
-        },
-        # The recorded day's peak minute, measured by the recommender, grown by half.
-        "demand": {"req_per_min": "observed", "growth_ratio": 1.5},
-        "replica": {
-            "capacity_req_per_min": round(capacity_req_per_min, 1),
-            "max_num_seqs": config.engine.max_num_seqs,
-        },
-        "placement": {
-            "replicas_per_host": REPLICAS_PER_HOST,
-            "zones": ["zone-a", "zone-b"],
-            "router": config.router.policy.value,
-        },
-        "recovery": {"interval_s": 180, "replacement_startup_s": 90},
-        "cost": {"usd_per_gpu_hour": 2.5},
-    }
+def _requirement(config: FleetConfig, capacity_req_per_min: float) -> str:
+    """The demo's requirement (TOML): the fleet's own SLO, router and running-sequence limit
+    (which spans cannot show), the stated capacity the emulator's truth for one replica."""
+    return f"""\
+# The demo's requirement (docs/capacity.md). Try:
+#   servewatch --db servewatch.duckdb recommend --requirement requirement.toml
+#   servewatch --db servewatch.duckdb drill --requirement requirement.toml
+name = "demo-chat"
+failure_unit = "host"
+headroom_ratio = 0.2
+
+[slo]
+ttft_limit_s = {config.slo.ttft_s}
+tpot_limit_s = {config.slo.tpot_s}
+target_ratio = {config.slo.target_ratio}
+
+[demand]
+# The recorded day's peak minute, measured by the recommender, grown by half.
+req_per_min = "observed"
+growth_ratio = 1.5
+
+[replica]
+capacity_req_per_min = {round(capacity_req_per_min, 1)}
+max_num_seqs = {config.engine.max_num_seqs}
+
+[placement]
+replicas_per_host = {REPLICAS_PER_HOST}
+zones = ["zone-a", "zone-b"]
+router = "{config.router.policy.value}"
+
+[recovery]
+interval_s = 180
+replacement_startup_s = 90
+
+[cost]
+usd_per_gpu_hour = 2.5
+"""
 
 
 def run_demo(
@@ -225,9 +236,9 @@ def run_demo(
         report = store_report(store, limits=DEMO_LIMITS, findings=findings)
         files = write_report(report, out / "report")
         progress("sizing the fleet")
-        requirement = parse_requirement(
-            _requirement(config, truth.capacity_rps * 60), where="demo requirement"
-        )
+        requirement_file = out / "requirement.toml"
+        requirement_file.write_text(_requirement(config, truth.capacity_rps * 60), encoding="utf-8")
+        requirement = load_requirement(requirement_file)
         record, _ = recommend_from_store(store, requirement=requirement)
     (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")
     (out / "decision.json").write_text(json.dumps(record.to_json(), indent=2), encoding="utf-8")
@@ -243,6 +254,7 @@ def run_demo(
         "store": str(db),
         "report": str(files.html),
         "decision_record": str(out / "decision.md"),
+        "requirement": str(out / "requirement.toml"),
         "emulated": True,
         "recorded": {
             "hours": hours,
