@@ -229,7 +229,7 @@ class DecisionRecord:
                 "replica_capacity": _num(table.spec.replica_rate),
                 "replica_capacity_source": fleet.chain.replica_rate.source,
                 "backlog": _figure_json(fleet.backlog_work),
-                "rows": [_row_json(r, self.drills) for r in _table_rows(self)],
+                "rows": [_row_json(r, self.drills) for r in table_rows(self)],
                 "minimum_hosts": None if row is None else row.hosts,
                 "healthy_minimum_hosts": None
                 if table.healthy_minimum is None
@@ -311,8 +311,8 @@ def _step_json(step: Step) -> dict[str, Any]:
     return {"step": step.label, **_figure_json(step.figure)}
 
 
-def _table_rows(record: DecisionRecord) -> list[FailureRow]:
-    """The table's rows and every drilled row beyond them, by host count."""
+def table_rows(record: DecisionRecord) -> list[FailureRow]:
+    """The failure table's rows and every drilled row beyond them, by host count."""
     rows = {row.hosts: row for row in record.fleet.table.rows}
     if record.drills is not None:
         for drilled in record.drills.drilled:
@@ -685,7 +685,7 @@ def _table_lines(record: DecisionRecord) -> list[str]:
     ]
     minimum = table.minimum.hosts if table.minimum is not None else None
     recommended = record.recommended
-    for row in _table_rows(record):
+    for row in table_rows(record):
         drain = "never" if row.drain_s is None else f"{fmt(row.drain_s)} s"
         meets = "yes" if row.meets_failure else "no"
         meets += " (minimum)" if row.hosts == minimum else ""

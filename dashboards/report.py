@@ -23,6 +23,7 @@ from dashboards.alert_band import alert_bands_chart
 from dashboards.attainment import attainment_chart, goodput_chart
 from dashboards.burn_rate import burn_rate_chart
 from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
+from dashboards.drill_timeline import drill_timeline_chart
 from dashboards.error_budget import budget_remaining_chart
 from dashboards.failure_table import failure_table_chart
 from dashboards.finish_reason import (
@@ -103,6 +104,17 @@ class TornadoView:
 
 
 @dataclass(frozen=True)
+class DrillView:
+    """The failure drills of a recommendation: minutes per fleet and what they concluded."""
+
+    minutes: Frame
+    target_ratio: float
+    lost: str
+    recovery_s: float
+    verdicts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """Frames for the report; each field's columns are those of the chart it feeds (see
     docs/dashboards.md). `latency_percentiles` adds a `stat` column (ttft, tpot, itl, e2e)
@@ -130,6 +142,7 @@ class ReportInputs:
     capacity: CapacityView | None = None
     failure_table: FailureView | None = None
     tornado: TornadoView | None = None
+    drill: DrillView | None = None
     # What the fleet-health detectors found over the window (None: they were not run).
     findings: Sequence[Finding] | None = None
 
@@ -546,3 +559,15 @@ def _capacity(out: _Builder, inputs: ReportInputs) -> None:
             inputs.tornado.rows, baseline_replicas=inputs.tornado.baseline_replicas
         )
         out.add("sensitivity-tornado", Section.CAPACITY, "Sensitivity tornado", chart)
+    if inputs.drill is None:
+        out.omit("Failure drill", "no data: needs a recommendation drilled with a fitted engine")
+    else:
+        drill = inputs.drill
+        chart = drill_timeline_chart(
+            drill.minutes,
+            target_ratio=drill.target_ratio,
+            lost=drill.lost,
+            recovery_s=drill.recovery_s,
+            verdicts=drill.verdicts,
+        )
+        out.add("failure-drill", Section.CAPACITY, "Failure drill", chart)

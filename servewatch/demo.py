@@ -232,14 +232,14 @@ def run_demo(
         statuses = status_at(store, specs=specs, at=end)
         progress("looking for fleet-health findings")
         findings = health_findings(store)
-        progress("writing the report")
-        report = store_report(store, limits=DEMO_LIMITS, findings=findings)
-        files = write_report(report, out / "report")
         progress("sizing the fleet")
         requirement_file = out / "requirement.toml"
         requirement_file.write_text(_requirement(config, truth.capacity_rps * 60), encoding="utf-8")
         requirement = load_requirement(requirement_file)
         record, _ = recommend_from_store(store, requirement=requirement)
+        progress("writing the report")
+        report = store_report(store, limits=DEMO_LIMITS, findings=findings, record=record)
+        files = write_report(report, out / "report")
     (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")
     (out / "decision.json").write_text(json.dumps(record.to_json(), indent=2), encoding="utf-8")
 

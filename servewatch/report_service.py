@@ -1,16 +1,27 @@
 """The report from the store: every frame the dashboards can draw, read once, then the page.
 
-Shared by `servewatch report`, the demo and the `run` service's report job.
+Shared by `servewatch report`, the demo and the `run` service's report job. With a decision
+record, its failure table (drilled rows marked), sensitivity tornado and failure drill are
+charted too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import polars as pl
 
-from dashboards.report import Report, ReportInputs, build_report
+from capacity.decision_record import DecisionRecord, table_rows
+from dashboards.report import (
+    DrillView,
+    FailureView,
+    Report,
+    ReportInputs,
+    TornadoView,
+    build_report,
+)
 from pipeline.health_finding import Finding
 from pipeline.metric_frames import metric_minute_frames
 from pipeline.metric_sli import series_dimensions
@@ -29,6 +40,7 @@ def store_report(
     to_ts: datetime | None = None,
     version_label: str = DEFAULT_VERSION_LABEL,
     findings: Sequence[Finding] | None = None,
+    record: DecisionRecord | None = None,
 ) -> Report:
     """The report over [from_ts, to_ts) (all data when open): traces, rollups, SLO minutes,
     the per-minute frames of scraped series, and the fleet-health findings (versions told
@@ -57,6 +69,68 @@ def store_report(
         findings=tuple(findings)
         if findings is not None
         else health_findings(store, from_ts=from_ts, to_ts=to_ts, version_label=version_label),
+        **({} if record is None else record_views(record)),
     )
     window = (from_ts, to_ts) if from_ts and to_ts else None
     return build_report(inputs, window=window, limits=limits)
+
+
+def record_views(record: DecisionRecord) -> dict[str, Any]:
+    """The report's capacity views of a decision record (ReportInputs fields)."""
+    views: dict[str, Any] = {}
+    table = record.fleet.table
+    rows = table_rows(record)
+    if rows:
+        views["failure_table"] = FailureView(
+            pl.DataFrame(
+                {
+                    "hosts": [r.hosts for r in rows],
+                    "replicas": [r.replicas for r in rows],
+                    "healthy_capacity": [r.healthy_capacity for r in rows],
+                    "failed_capacity": [r.failed_capacity for r in rows],
+                    "meets_failure": [r.meets_failure for r in rows],
+                }
+            ),
+            demand_rate=table.spec.demand_rate,
+            rate_unit=table.spec.unit.value,
+            failure_unit=table.spec.failure_unit.value,
+        )
+    bars, recommended = record.risk.tornado, record.recommended
+    if bars and recommended is not None:
+        views["tornado"] = TornadoView(
+            pl.DataFrame(
+                {
+                    "assumption": [b.path for b in bars],
+                    "low": [b.low for b in bars],
+                    "high": [b.high for b in bars],
+                    "replicas_at_low": [b.replicas_at_low for b in bars],
+                    "replicas_at_high": [b.replicas_at_high for b in bars],
+                },
+                schema_overrides={"replicas_at_low": pl.Int64, "replicas_at_high": pl.Int64},
+            ),
+            baseline_replicas=recommended.replicas,
+        )
+    drills = record.drills
+    drilled = [] if drills is None else [d for d in (drills.smaller, drills.recommended) if d]
+    if drilled:
+        spec = drilled[-1].drill.spec
+        views["drill"] = DrillView(
+            pl.DataFrame(
+                [
+                    {
+                        "fleet": f"{d.row.hosts} hosts ({'holds' if d.drill.holds else 'fails'})",
+                        "minute": m.minute,
+                        "attainment_ratio": m.attainment_ratio,
+                        "ready_replicas": m.ready_replicas,
+                        "queue_depth_max": m.queue_depth_max,
+                    }
+                    for d in drilled
+                    for m in d.drill.minutes
+                ]
+            ),
+            target_ratio=spec.target_ratio,
+            lost=f"the largest {spec.failure_unit.value}",
+            recovery_s=spec.recovery_interval_s,
+            verdicts=tuple(f"{d.drill.verdict()}." for d in drilled),
+        )
+    return views

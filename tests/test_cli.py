@@ -145,6 +145,10 @@ def test_demo_records_replays_analyses_and_goes_live(runner: CliRunner, tmp_path
     assert marks[hosts] == "holds"
     assert marks[hosts - 1] == "fails"
     assert "Failure drill" in (out / "decision.md").read_text(encoding="utf-8")
+    page = (out / "report" / "report.html").read_text(encoding="utf-8")
+    assert "Failure drill: attainment through the loss" in page
+    assert f"{hosts} hosts (holds)" in page
+    assert f"{hosts - 1} hosts (fails)" in page
     # An independent re-simulation: the true emulated fleet at that size, at the drill's
     # demand, with one host lost, keeps the SLO's target after the loss.
     assert resimulated_attainment(hosts, demand_rps=drills["recommended"]["demand_rps"]) >= 0.9

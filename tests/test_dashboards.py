@@ -18,12 +18,14 @@ from dashboards.alert_band import firing_intervals
 from dashboards.attainment import attainment_chart
 from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
 from dashboards.downsampling import choose_buckets
+from dashboards.drill_timeline import drill_timeline_chart
 from dashboards.export import chart_specs, spec_json
 from dashboards.kv_usage import MAX_CELLS, kv_usage_heatmap
 from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
 from dashboards.prefix_cache import prefix_cache_chart
 from dashboards.report import (
     CapacityView,
+    DrillView,
     FailureView,
     Report,
     ReportInputs,
@@ -539,3 +541,54 @@ def test_page_escapes_every_label_value() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "Content-Security-Policy" in page
     assert "default-src 'none'" in page
+
+
+# -- the failure drill -------------------------------------------------------------------------
+
+
+def drill_minutes() -> pl.DataFrame:
+    rows = []
+    for fleet, dip in (("4 hosts (holds)", 0.97), ("3 hosts (fails)", 0.05)):
+        for minute in range(-3, 6):
+            after = 0 <= minute < 3
+            rows.append(
+                {
+                    "fleet": fleet,
+                    "minute": minute,
+                    "attainment_ratio": dip if after else 0.99,
+                    "ready_replicas": 12 if after else 16,
+                    "queue_depth_max": 400 if after and dip < 0.5 else 1,
+                }
+            )
+    return pl.DataFrame(rows)
+
+
+def test_the_drill_chart_draws_each_fleet_against_the_target_and_says_the_verdicts() -> None:
+    verdicts = ("4 hosts: holds.", "3 hosts: fails in phase failed.")
+    chart = drill_timeline_chart(
+        drill_minutes(), target_ratio=0.9, lost="host host-0", recovery_s=180, verdicts=verdicts
+    )
+    spec = chart.to_dict()
+    subtitle = spec["title"]["subtitle"]
+    assert subtitle[1:] == list(verdicts)
+    assert "host host-0 lost at minute 0" in subtitle[0]
+    values = [row for rows in spec["datasets"].values() for row in rows]
+    assert {v["fleet"] for v in values if "fleet" in v} == {"4 hosts (holds)", "3 hosts (fails)"}
+    assert any(v.get("label") == "target 90%" for v in values)
+
+
+def test_a_report_with_a_drill_charts_it_and_one_without_says_why_not() -> None:
+    drill = DrillView(
+        drill_minutes(), target_ratio=0.9, lost="host host-0", recovery_s=180, verdicts=()
+    )
+    assert "failure-drill" in {c.slug for c in build_report(ReportInputs(drill=drill)).charts}
+    omitted = dict(build_report(ReportInputs()).omitted)
+    assert omitted["Failure drill"].startswith("no data")
+
+
+def test_a_drill_frame_missing_a_column_is_refused_with_the_contract() -> None:
+    with pytest.raises(ValueError, match="drill timeline chart") as error:
+        drill_timeline_chart(
+            drill_minutes().drop("ready_replicas"), target_ratio=0.9, lost="x", recovery_s=60
+        )
+    assert "lacks column(s) ready_replicas" in str(error.value)
