@@ -156,6 +156,8 @@ class DecisionRecord:
             if drills.smaller is not None:
                 text += f"; with one host fewer: {drills.smaller.drill.verdict()}"
             text += "."
+            if drills.warm_pool is not None:
+                text += f" Traffic step: {drills.warm_pool.summary()}."
         today = len(table.spec.initial.hosts)
         if today and row.hosts != today:
             change = row.hosts - today
@@ -339,6 +341,7 @@ def drill_section_json(drills: FleetDrills | None) -> dict[str, Any] | None:
             {"hosts": d.row.hosts, "holds": d.drill.holds, "verdict": d.drill.verdict()}
             for d in drills.drilled
         ],
+        "traffic_step": None if drills.warm_pool is None else drills.warm_pool.to_json(),
     }
 
 

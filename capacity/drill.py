@@ -346,8 +346,9 @@ class _Merged:
         )
 
 
-class _Sent:
-    """A source wrapper that logs every attempt the clients send, retries and turns included."""
+class SentLog:
+    """A source wrapper that logs every attempt sent (request id, arrival), retries and turns
+    included: what arrived, finished or not, so an attempt still queued at the end counts."""
 
     def __init__(self, source: RequestSource) -> None:
         self._source = source
@@ -471,7 +472,7 @@ def _simulate(fleet: DrillFleet, spec: DrillSpec, marks: _Marks) -> _Run:
     if spec.admission_rps is not None:
         policy = replace(policy, retry_after_s=max(policy.retry_after_s, 1.0))
     clients = RetryingClients(source, policy, seed=spec.seed)
-    sent = _Sent(clients)
+    sent = SentLog(clients)
     config = FleetConfig(
         model="drill",
         pool="drill",

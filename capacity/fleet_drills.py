@@ -7,6 +7,9 @@ until one holds (up to `MAX_EXTRA_HOSTS` more); one that holds is shrunk while t
 still holds. The answer is the smallest fleet whose drill holds, and the drill of one host
 fewer, which fails, is kept beside it as the evidence that it is the minimum.
 
+With a traffic step in the requirement, the recommended fleet is also drilled through it
+(traffic_step.py): the warm pool that holds the SLO until the autoscaler's replicas serve.
+
 The drilled fleet is the candidate's hosts per zone with the requirement's replicas per host
 (a layout with uneven hosts is drilled as even ones of that size).
 """
@@ -20,6 +23,7 @@ from capacity.failure_table import FailureRow, FailureTable, failure_row
 from capacity.knee_search import ModelKnee, engine_params
 from capacity.placement import FailureUnit, Footprint
 from capacity.requirement import Requirement
+from capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
 from emulator.clients import RetryPolicy
 from emulator.engine_params import EngineParams
 from emulator.fleet_config import RouterSpec, TopologySpec
@@ -44,6 +48,7 @@ class FleetDrills:
     smaller: DrilledRow | None  # one host fewer than the recommended, which fails
     reason: str | None  # why nothing is recommended, when nothing holds
     startup_stated: bool
+    warm_pool: WarmPool | None = None  # the requirement's traffic step on the recommended fleet
 
     def for_hosts(self, hosts: int) -> DrilledRow | None:
         return next((d for d in self.drilled if d.row.hosts == hosts), None)
@@ -54,6 +59,8 @@ class FleetDrills:
         text = f"drilled: {self.recommended.drill.verdict()}"
         if self.smaller is not None:
             text += f"; one host fewer: {self.smaller.drill.verdict()}"
+        if self.warm_pool is not None:
+            text += f"; traffic step: {self.warm_pool.summary()}"
         return text
 
 
@@ -90,16 +97,13 @@ def drill_spec(requirement: Requirement, *, demand_rps: float, seed: int) -> Dri
     )
 
 
-def drill_row(table: FailureTable, *, hosts: int, model: ModelKnee, spec: DrillSpec) -> DrilledRow:
-    """The table's candidate of `hosts` hosts (grown or shrunk from today's layout) drilled
-    with the fitted engine `model`."""
-    footprint = table.spec.initial.resized(
-        hosts=hosts, zones=table.spec.zones, replicas_per_host=table.spec.replicas_per_host
-    )
-    fleet = DrillFleet(
+def model_fleet(table: FailureTable, *, hosts: int, model: ModelKnee) -> DrillFleet:
+    """The table's candidate of `hosts` hosts (grown or shrunk from today's layout) running
+    the fitted engine `model` on the pool's request shapes and router."""
+    return DrillFleet(
         engine=engine_params(model.step, limits=model.limits),
         topology=topology(
-            footprint,
+            _footprint(table, hosts),
             replicas_per_host=table.spec.replicas_per_host,
             gpus=table.spec.gpus_per_replica,
         ),
@@ -107,9 +111,20 @@ def drill_row(table: FailureTable, *, hosts: int, model: ModelKnee, spec: DrillS
         workload=model.mix,
         ttft_offset_s=model.check.ttft_offset_s,
     )
+
+
+def _footprint(table: FailureTable, hosts: int) -> Footprint:
+    return table.spec.initial.resized(
+        hosts=hosts, zones=table.spec.zones, replicas_per_host=table.spec.replicas_per_host
+    )
+
+
+def drill_row(table: FailureTable, *, hosts: int, model: ModelKnee, spec: DrillSpec) -> DrilledRow:
+    """The table's candidate of `hosts` hosts drilled with the fitted engine `model`."""
     healthy = table.healthy_minimum.replicas if table.healthy_minimum is not None else 0
     return DrilledRow(
-        failure_row(table.spec, footprint, healthy_replicas=healthy), run_drill(fleet, spec)
+        failure_row(table.spec, _footprint(table, hosts), healthy_replicas=healthy),
+        run_drill(model_fleet(table, hosts=hosts, model=model), spec),
     )
 
 
@@ -152,10 +167,29 @@ def drill_candidates(
     smaller = None
     if recommended is not None and recommended.row.hosts > 1:
         smaller = drilled(recommended.row.hosts - 1)
+    pool = None
+    step = requirement.traffic_step
+    if recommended is not None and step is not None:
+        pool = warm_pool(
+            model_fleet(table, hosts=recommended.row.hosts, model=model),
+            TrafficStepSpec(
+                demand_rps=demand_rps,
+                ratio=step.ratio,
+                over_s=step.over_s,
+                lag_s=step.autoscaler_lag_s,
+                cold_start_s=spec.replacement_startup_s,
+                replica_rps=model.knee_rps,
+                ttft_limit_s=spec.ttft_limit_s,
+                tpot_limit_s=spec.tpot_limit_s,
+                target_ratio=spec.target_ratio,
+                seed=seed,
+            ),
+        )
     return FleetDrills(
         drilled=tuple(done[h] for h in sorted(done)),
         recommended=recommended,
         smaller=smaller,
         reason=reason,
         startup_stated=requirement.recovery.replacement_startup_s is not None,
+        warm_pool=pool,
     )

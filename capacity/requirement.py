@@ -79,6 +79,15 @@ class ClientSpec:
 
 
 @dataclass(frozen=True)
+class TrafficStep:
+    """Seed 003's "traffic doubles in five minutes": the step the warm pool is sized for."""
+
+    ratio: float
+    over_s: float
+    autoscaler_lag_s: float
+
+
+@dataclass(frozen=True)
 class RiskSettings:
     unstable_hit_spread_ratio: Figure
     affinity_loss_hit_ratio: Figure
@@ -102,6 +111,7 @@ class Requirement:
     # engine uses the emulator's default, 256, unless stated).
     max_num_seqs: int | None = None
     clients: ClientSpec = ClientSpec()
+    traffic_step: TrafficStep | None = None
 
 
 def default_recovery_interval() -> Figure:
@@ -214,6 +224,7 @@ class _Check:
 
 POSITIVE = _Check("a positive number", 0.0, open_minimum=True)
 NON_NEGATIVE = _Check("a number >= 0", 0.0)
+AT_LEAST_ONE = _Check("a number >= 1", 1.0)
 RATIO = _Check("a ratio from 0 to 1", 0.0, 1.0)
 OPEN_RATIO = _Check("a ratio strictly between 0 and 1", 0.0, 1.0, True, True)
 
@@ -308,6 +319,36 @@ def _replica(section: _Fields) -> ReplicaCapacity:
     )
 
 
+def _clients(section: _Fields) -> ClientSpec:
+    retries = section.raw("max_retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
+        raise section.fail("max_retries", f"must be a whole number >= 0, got {retries!r}")
+    backoff = section.raw("backoff_s")
+    return ClientSpec(
+        max_retries=0 if retries is None else retries,
+        backoff_s=1.0 if backoff is None else section.checked("backoff_s", backoff, NON_NEGATIVE),
+    )
+
+
+def _traffic_step(section: _Fields) -> TrafficStep | None:
+    if not section.has("ratio"):
+        if section.has("over_s") or section.has("autoscaler_lag_s"):
+            raise section.fail("ratio", "is required with over_s or autoscaler_lag_s (e.g. 2.0)")
+        return None
+
+    def value(key: str, default: float, check: _Check) -> float:
+        raw = section.raw(key)
+        return default if raw is None else section.checked(key, raw, check)
+
+    return TrafficStep(
+        ratio=value("ratio", 2.0, AT_LEAST_ONE),
+        over_s=value("over_s", 300.0, POSITIVE),
+        autoscaler_lag_s=value("autoscaler_lag_s", 60.0, NON_NEGATIVE),
+    )
+
+
 def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     """A requirement from parsed TOML; `where` names the source in error messages."""
     root = _Fields(data, where=where)
@@ -366,19 +407,12 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
     recovery_section.done()
 
     clients_section = root.table("clients")
-    retries = clients_section.raw("max_retries")
-    if retries is not None and (
-        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-    ):
-        raise clients_section.fail("max_retries", f"must be a whole number >= 0, got {retries!r}")
-    backoff = clients_section.raw("backoff_s")
-    clients = ClientSpec(
-        max_retries=0 if retries is None else retries,
-        backoff_s=1.0
-        if backoff is None
-        else clients_section.checked("backoff_s", backoff, NON_NEGATIVE),
-    )
+    clients = _clients(clients_section)
     clients_section.done()
+
+    step_section = root.table("traffic_step")
+    traffic_step = _traffic_step(step_section)
+    step_section.done()
 
     cost_section = root.table("cost")
     cost = CostSpec(
@@ -449,6 +483,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
         pool=pool,
         max_num_seqs=max_num_seqs,
         clients=clients,
+        traffic_step=traffic_step,
     )
 
 

@@ -68,7 +68,14 @@ from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.demo import DemoError, run_demo
-from servewatch.drill_service import DrillSetupError, StoreDrills, config_drill, store_drill
+from servewatch.drill_service import (
+    DrillSetupError,
+    StepSettings,
+    StoreDrills,
+    config_drill,
+    config_warm_pool,
+    store_drill,
+)
 from servewatch.emulation import record_emulated_fleet, serve_emulated_fleet
 from servewatch.health_service import (
     DEFAULT_VERSION_LABEL,
@@ -1115,6 +1122,24 @@ def drill(
         bool,
         typer.Option(help="With --fleet: a startup dependency is out, no replacement starts."),
     ] = False,
+    traffic_step: Annotated[
+        str | None,
+        typer.Option(
+            help="With --fleet: also drill a traffic step, demand times this (2x), and size "
+            "the warm pool that keeps the SLO until autoscaled replicas serve."
+        ),
+    ] = None,
+    over: Annotated[str, typer.Option(help="With --traffic-step: the ramp's length.")] = "5m",
+    autoscaler_lag_s: Annotated[
+        float, typer.Option(help="With --traffic-step: until the autoscaler starts replicas.")
+    ] = 60.0,
+    replica_req_per_min: Annotated[
+        float | None,
+        typer.Option(
+            help="With --traffic-step: what the autoscaler counts a replica for (default: "
+            "the fleet's capacity at its SLO, searched)."
+        ),
+    ] = None,
     steady_s: Annotated[
         float, typer.Option(help="With --fleet: seconds of steady state before the failure.")
     ] = 300.0,
@@ -1160,12 +1185,26 @@ def drill(
             )
         except (ValueError, EmulatorSpecError) as exc:
             raise fail(f"drill: {exc}", code=EXIT_BAD_INPUT) from exc
+        step = (
+            None
+            if traffic_step is None
+            else _step_settings(traffic_step, over, autoscaler_lag_s, replica_req_per_min)
+        )
         with err_console.status(f"drilling {config.topology.hosts} hosts, {failure.value} lost"):
             result = config_drill(config, spec)
+            pool = None if step is None else config_warm_pool(config, spec, step)
         if as_json:
-            print_json(result.to_json())
+            print_json(
+                {
+                    "drill": result.to_json(),
+                    "traffic_step": None if pool is None else pool.to_json(),
+                }
+            )
         else:
-            out_console.print(Markdown("\n".join(result.markdown_lines("Drill"))))
+            lines = result.markdown_lines("Drill")
+            if pool is not None:
+                lines += ["", f"Traffic step: {pool.summary()}."]
+            out_console.print(Markdown("\n".join(lines)))
         return
     assert requirement is not None
     try:
@@ -1183,6 +1222,34 @@ def drill(
     for note in found.notes:
         err_console.print(labelled("note:", note))
     _print_store_drills(found, as_json=as_json)
+
+
+def _step_settings(
+    ratio_text: str, over: str, lag_s: float, replica_req_per_min: float | None
+) -> StepSettings:
+    try:
+        ratio = float(ratio_text.strip().removesuffix("x"))
+    except ValueError as exc:
+        raise fail(
+            f"--traffic-step {ratio_text!r}: give the demand's multiple, such as 2x",
+            code=EXIT_BAD_INPUT,
+        ) from exc
+    if not ratio >= 1.0 or not lag_s >= 0:
+        raise fail(
+            f"--traffic-step must be at least 1x (got {ratio_text!r}) and --autoscaler-lag-s "
+            f">= 0 (got {lag_s:g})",
+            code=EXIT_BAD_INPUT,
+        )
+    try:
+        over_s = parse_duration(over).total_seconds()
+    except ValueError as exc:
+        raise fail(f"--over: {exc}", code=EXIT_BAD_INPUT) from exc
+    return StepSettings(
+        ratio=ratio,
+        over_s=over_s,
+        lag_s=lag_s,
+        replica_rps=None if replica_req_per_min is None else replica_req_per_min / 60,
+    )
 
 
 def _print_store_drills(found: StoreDrills, *, as_json: bool) -> None:

@@ -167,6 +167,13 @@ router = "{config.router.policy.value}"
 interval_s = 180
 replacement_startup_s = 90
 
+[traffic_step]
+# Seed 003's "traffic doubles in five minutes": the warm pool that holds until the
+# autoscaler's replicas serve (a minute to notice, the start-up above to serve).
+ratio = 2.0
+over_s = 300
+autoscaler_lag_s = 60
+
 [cost]
 usd_per_gpu_hour = 2.5
 """

@@ -17,7 +17,9 @@ from capacity.fleet_drills import DrilledRow, FleetDrills, drill_row, drill_spec
 from capacity.pool_capacity import PoolCapacity
 from capacity.recommendation import drill_demand_rps
 from capacity.requirement import Requirement
+from capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
 from emulator.fleet_config import FleetConfig
+from emulator.ground_truth import fleet_capacity_for_config
 from pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 
@@ -26,15 +28,50 @@ class DrillSetupError(Exception):
     """What a drill needs is missing (no fitted engine, no SLO limit)."""
 
 
-def config_drill(config: FleetConfig, spec: DrillSpec) -> DrillResult:
-    """The fleet config's own fleet drilled (its failures are replaced by the drill's)."""
-    fleet = DrillFleet(
+@dataclass(frozen=True)
+class StepSettings:
+    """`drill --traffic-step`: the step, the autoscaler's lag, what it counts a replica for."""
+
+    ratio: float
+    over_s: float
+    lag_s: float
+    replica_rps: float | None  # None: the fleet's own capacity at the SLO, searched
+
+
+def _config_fleet(config: FleetConfig) -> DrillFleet:
+    return DrillFleet(
         engine=config.engine,
         topology=config.topology,
         router=config.router,
         workload=ConfiguredWorkload(config.workload),
     )
-    return run_drill(fleet, spec)
+
+
+def config_drill(config: FleetConfig, spec: DrillSpec) -> DrillResult:
+    """The fleet config's own fleet drilled (its failures are replaced by the drill's)."""
+    return run_drill(_config_fleet(config), spec)
+
+
+def config_warm_pool(config: FleetConfig, spec: DrillSpec, step: StepSettings) -> WarmPool:
+    """The warm pool that keeps the config's fleet within its SLO through `step`."""
+    replica_rps = step.replica_rps
+    if replica_rps is None:
+        replica_rps = fleet_capacity_for_config(config, seed=spec.seed).capacity_rps
+    return warm_pool(
+        _config_fleet(config),
+        TrafficStepSpec(
+            demand_rps=spec.demand_rps,
+            ratio=step.ratio,
+            over_s=step.over_s,
+            lag_s=step.lag_s,
+            cold_start_s=spec.replacement_startup_s,
+            replica_rps=replica_rps,
+            ttft_limit_s=spec.ttft_limit_s,
+            tpot_limit_s=spec.tpot_limit_s,
+            target_ratio=spec.target_ratio,
+            seed=spec.seed,
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,16 @@ def test_replace_figure_by_path() -> None:
         (minimal(headroom_ratio=-0.1), "headroom_ratio: must be a number >= 0, got -0.1"),
         (minimal(cost="cheap"), "cost: must be a table, got str"),
         (minimal(slo={"latency_limit_s": "50ms"}), "slo.latency_limit_s: must be a number"),
+        (minimal(clients={"max_retries": -1}), "clients.max_retries: must be a whole number >= 0"),
+        (minimal(clients={"max_retries": 1.5}), "clients.max_retries: must be a whole number"),
+        (minimal(clients={"backoff_s": -1}), "clients.backoff_s: must be a number >= 0"),
+        (minimal(clients={"retry": 2}), "clients.retry: unknown setting; allowed here:"),
+        (minimal(traffic_step={"ratio": 0.5}), "traffic_step.ratio: must be a number >= 1"),
+        (minimal(traffic_step={"over_s": 300}), "traffic_step.ratio: is required with over_s"),
+        (
+            minimal(traffic_step={"ratio": 2, "over_s": 0}),
+            "traffic_step.over_s: must be a positive number, got 0",
+        ),
     ],
 )
 def test_bad_field_is_named_by_its_path(data: dict[str, Any], message: str) -> None:
@@ -191,3 +201,15 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(RequirementError, match=r"bad\.toml: not valid TOML") as caught:
         load_requirement(bad)
     assert caught.value.__cause__ is not None
+
+
+def test_clients_and_traffic_step_default_to_none_and_read_as_stated() -> None:
+    plain = parse_requirement(minimal(), where="r")
+    assert (plain.clients.max_retries, plain.traffic_step) == (0, None)
+    stated = parse_requirement(
+        minimal(clients={"max_retries": 2, "backoff_s": 0.5}, traffic_step={"ratio": 2}),
+        where="r",
+    )
+    assert (stated.clients.max_retries, stated.clients.backoff_s) == (2, 0.5)
+    assert stated.traffic_step is not None
+    assert (stated.traffic_step.over_s, stated.traffic_step.autoscaler_lag_s) == (300.0, 60.0)

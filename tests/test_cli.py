@@ -149,6 +149,26 @@ def test_demo_records_replays_analyses_and_goes_live(runner: CliRunner, tmp_path
     assert "Failure drill: attainment through the loss" in page
     assert f"{hosts} hosts (holds)" in page
     assert f"{hosts - 1} hosts (fails)" in page
+    assert drills["traffic_step"]["warm_replicas"] is not None, drills["traffic_step"]
+    # `servewatch drill` on the demo's store and requirement drills the same fleet.
+    drilled = runner.invoke(
+        app,
+        [
+            "--db",
+            str(out / "servewatch.duckdb"),
+            "drill",
+            "--requirement",
+            str(out / "requirement.toml"),
+            "--hosts",
+            str(hosts + 1),
+            "--json",
+        ],
+    )
+    assert drilled.exit_code == 0, drilled.output
+    doc = json.loads(drilled.stdout)
+    assert doc["drills"]["recommended_hosts"] == hosts
+    assert doc["stated"]["hosts"] == hosts + 1
+    assert doc["stated"]["holds"]
     # An independent re-simulation: the true emulated fleet at that size, at the drill's
     # demand, with one host lost, keeps the SLO's target after the loss.
     assert resimulated_attainment(hosts, demand_rps=drills["recommended"]["demand_rps"]) >= 0.9
@@ -277,3 +297,38 @@ def test_invalid_toml_is_one_line_naming_the_file_and_line(
     assert result.stderr.startswith(f"error: {config}: not valid TOML: ")
     assert "line 2" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_drill_a_fleet_config_with_a_traffic_step(runner: CliRunner, tmp_path: Path) -> None:
+    fleet = FIXTURES.parent / "docs" / "fleet.example.toml"
+    args = ["drill", "--fleet", str(fleet), "--req-per-min", "900", "--steady-s", "60"]
+    args += ["--after-s", "60", "--traffic-step", "1.5x", "--over", "2m"]
+    args += ["--replica-req-per-min", "600", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["drill"]["holds"] is True
+    assert [p["phase"] for p in doc["drill"]["phases"]] == [
+        "steady",
+        "failed",
+        "replacement",
+        "recovered",
+    ]
+    assert doc["traffic_step"]["warm_replicas"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give one of --requirement (with the store) or --fleet"),
+        (["--fleet", "nowhere.toml"], "nowhere.toml"),
+        (["--fleet", "{fleet}", "--traffic-step", "double"], "such as 2x"),
+        (["--fleet", "{fleet}", "--traffic-step", "2x", "--over", "soon"], "--over"),
+        (["--fleet", "{fleet}", "--recovery-s", "0"], "recovery_interval_s"),
+    ],
+)
+def test_drill_bad_input_is_a_clear_error(runner: CliRunner, args: list[str], message: str) -> None:
+    fleet = str(FIXTURES.parent / "docs" / "fleet.example.toml")
+    result = runner.invoke(app, ["drill", *(a.replace("{fleet}", fleet) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr

@@ -11,6 +11,7 @@ import pytest
 from capacity.drill import DrillFleet, DrillPhase, DrillResult, DrillSpec, run_drill
 from capacity.failure_table import FailureTableSpec, RateUnit, build_failure_table
 from capacity.placement import FailureUnit
+from capacity.traffic_step import TrafficStepSpec, autoscaled_replicas, step_drill, warm_pool
 from emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
@@ -290,3 +291,65 @@ def test_seed_000_backlog_drains_with_the_spare_rate_or_the_admission_the_table_
     spare = backlog_drill(table.minimum.hosts, admission_rps=None)
     assert spare.drain_s is not None, spare.verdict()
     assert spare.drain_s <= 180.0, spare.verdict()
+
+
+# -- the traffic step ------------------------------------------------------------------------
+
+
+def step_spec(**overrides: object) -> TrafficStepSpec:
+    base = TrafficStepSpec(
+        demand_rps=32.0,
+        ratio=2.0,
+        over_s=300.0,
+        lag_s=60.0,
+        cold_start_s=120.0,
+        replica_rps=REPLICA_RPS * 0.9,
+        ttft_limit_s=0.5,
+        tpot_limit_s=0.1,
+        target_ratio=0.9,
+        seed=3,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def five_replicas() -> DrillFleet:
+    return replace(
+        fixed_fleet(2),
+        topology=TopologySpec(zones=("zone-a",), hosts_per_zone=5, replicas_per_host=1),
+    )
+
+
+def test_the_warm_pool_holds_a_2x_step_over_5_minutes_and_one_replica_fewer_does_not() -> None:
+    # 5 replicas of 8 req/s carry 32 req/s; the demand doubles over 5 minutes, and the
+    # autoscaler's replicas serve 60 s + 120 s (the cold start) after the step starts.
+    pool = warm_pool(five_replicas(), step_spec())
+    assert pool.warm is not None, pool.summary()
+    assert pool.warm >= 1
+    assert pool.one_fewer is not None
+    assert not pool.one_fewer.holds
+    # The same pool and one fewer, drilled again with other arrivals.
+    other = step_spec(seed=11)
+    assert step_drill(five_replicas(), other, warm=pool.warm).holds
+    assert not step_drill(five_replicas(), other, warm=pool.warm - 1).holds
+    # Without the pool the gateway sheds the ramp above 5 x 7.2 req/s until minute 3.
+    assert pool.shedding.peak_rps == pytest.approx(32 * 1.6 - 36.0)
+    assert pool.shedding.seconds == pytest.approx(180 - 37.5, abs=0.5)
+    assert "must shed" in pool.summary()
+
+
+def test_the_autoscaler_starts_what_the_new_demand_needs_beyond_the_warm_pool() -> None:
+    spec = step_spec()
+    assert autoscaled_replicas(spec, replicas=5, warm=0) == 4  # ceil(64 / 7.2) = 9
+    assert autoscaled_replicas(spec, replicas=5, warm=6) == 0
+    drilled = step_drill(five_replicas(), spec, warm=1)
+    before = [m for m in drilled.minutes if m.minute < 0]
+    late = [m for m in drilled.minutes if m.minute >= 4]
+    assert {m.ready_replicas for m in before} == {6}
+    assert {m.ready_replicas for m in late} == {9}
+
+
+def test_a_step_that_the_fleet_carries_needs_no_warm_pool() -> None:
+    pool = warm_pool(five_replicas(), step_spec(ratio=1.1))
+    assert pool.warm == 0
+    assert pool.one_fewer is None
+    assert pool.shedding.seconds == 0
