@@ -342,6 +342,12 @@ def drill_section_json(drills: FleetDrills | None) -> dict[str, Any] | None:
             for d in drills.drilled
         ],
         "traffic_step": None if drills.warm_pool is None else drills.warm_pool.to_json(),
+        "combined": {
+            "dependencies": list(drills.dependencies),
+            "in_contract": drills.combined_in_contract,
+            "contract": drills.contract_text(),
+            "drill": None if drills.combined is None else drills.combined.drill.to_json(),
+        },
     }
 
 

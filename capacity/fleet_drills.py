@@ -49,6 +49,27 @@ class FleetDrills:
     reason: str | None  # why nothing is recommended, when nothing holds
     startup_stated: bool
     warm_pool: WarmPool | None = None  # the requirement's traffic step on the recommended fleet
+    # The named failure during the startup dependencies' outage, on the recommended fleet, when
+    # the contract leaves it out (an accepted risk; inside the contract every drill is it).
+    combined: DrilledRow | None = None
+    dependencies: tuple[str, ...] = ()
+    combined_in_contract: bool = False
+
+    def contract_text(self) -> str | None:
+        """Which combined failures are inside the contract and which are accepted risks."""
+        if not self.dependencies:
+            return None
+        deps = ", ".join(self.dependencies)
+        if self.combined_in_contract:
+            return (
+                f"inside the contract: the failure while {deps} is out (no replacement starts); "
+                "every drill above is that combination"
+            )
+        verdict = "" if self.combined is None else f": {self.combined.drill.verdict()}"
+        return (
+            f"inside the contract: the failure alone; accepted risk, not paid for: the failure "
+            f"while {deps} is out (no replacement starts){verdict}"
+        )
 
     def for_hosts(self, hosts: int) -> DrilledRow | None:
         return next((d for d in self.drilled if d.row.hosts == hosts), None)
@@ -61,6 +82,9 @@ class FleetDrills:
             text += f"; one host fewer: {self.smaller.drill.verdict()}"
         if self.warm_pool is not None:
             text += f"; traffic step: {self.warm_pool.summary()}"
+        contract = self.contract_text()
+        if contract is not None:
+            text += f"; {contract}"
         return text
 
 
@@ -74,8 +98,11 @@ def topology(footprint: Footprint, *, replicas_per_host: int, gpus: int) -> Topo
     )
 
 
-def drill_spec(requirement: Requirement, *, demand_rps: float, seed: int) -> DrillSpec:
-    """The drill a requirement asks for at `demand_rps` (headroom included)."""
+def drill_spec(
+    requirement: Requirement, *, demand_rps: float, seed: int, combined: bool | None = None
+) -> DrillSpec:
+    """The drill a requirement asks for at `demand_rps` (headroom included). `combined`: the
+    failure during a startup dependency's outage (default: when the contract includes it)."""
     recovery = requirement.recovery
     slo = requirement.slo
     startup = recovery.replacement_startup_s
@@ -91,7 +118,8 @@ def drill_spec(requirement: Requirement, *, demand_rps: float, seed: int) -> Dri
             max_retries=requirement.clients.max_retries,
             backoff_s=requirement.clients.backoff_s,
         ),
-        replacement_blocked=bool(recovery.startup_dependencies),
+        replacement_blocked=bool(recovery.startup_dependencies)
+        and (recovery.combined_in_contract if combined is None else combined),
         backlog_requests=round(recovery.backlog_requests.value),
         seed=seed,
     )
@@ -185,11 +213,19 @@ def drill_candidates(
                 seed=seed,
             ),
         )
+    recovery = requirement.recovery
+    combined = None
+    if recommended is not None and recovery.startup_dependencies and not spec.replacement_blocked:
+        blocked = drill_spec(requirement, demand_rps=demand_rps, seed=seed, combined=True)
+        combined = drill_row(table, hosts=recommended.row.hosts, model=model, spec=blocked)
     return FleetDrills(
         drilled=tuple(done[h] for h in sorted(done)),
         recommended=recommended,
         smaller=smaller,
         reason=reason,
-        startup_stated=requirement.recovery.replacement_startup_s is not None,
+        startup_stated=recovery.replacement_startup_s is not None,
         warm_pool=pool,
+        combined=combined,
+        dependencies=recovery.startup_dependencies,
+        combined_in_contract=recovery.combined_in_contract,
     )

@@ -68,6 +68,9 @@ class Recovery:
     backlog_requests: Figure
     replacement_startup_s: Figure | None = None
     startup_dependencies: tuple[str, ...] = ()
+    # Whether the named failure during a startup dependency's outage (no replacement starts)
+    # is inside the contract; if not, it is drilled and reported as an accepted risk.
+    combined_in_contract: bool = False
 
 
 @dataclass(frozen=True)
@@ -403,6 +406,7 @@ def parse_requirement(data: Mapping[str, Any], *, where: str) -> Requirement:
             else None
         ),
         startup_dependencies=recovery_section.strings("startup_dependencies") or (),
+        combined_in_contract=recovery_section.flag("combined_in_contract", default=False),
     )
     recovery_section.done()
 

@@ -11,6 +11,7 @@ the recommended size and for one host fewer.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from capacity.drill import ConfiguredWorkload, DrillFleet, run_drill
 from capacity.fleet_drills import FleetDrills, drill_candidates, drill_spec, topology
 from capacity.fleet_size import size_fleet
+from capacity.knee_search import ModelKnee
 from capacity.placement import Layout, layout_from_inventory
 from capacity.requirement import Requirement, parse_requirement
 from tests.engine_model_cases import Case, Outcome, run_case, seeded_cases
@@ -55,9 +57,8 @@ replacement_startup_s = 90
 
 @cache
 def drilled(name: str) -> tuple[Case, Requirement, Layout, FleetDrills]:
-    outcome = run_case(CASES[name])
-    model = outcome.capacity.engine_model
-    assert model is not None, f"{name}: no engine model"
+    outcome = outcome_of(name)
+    model = run_case_model(name)
     req = requirement(outcome)
     placements = outcome.case.config.placements()
     layout = layout_from_inventory((p.replica, p.host, p.zone) for p in placements)
@@ -121,3 +122,46 @@ def test_one_host_fewer_fails_in_direct_emulation_as_in_its_drill(name: str) -> 
     assert drills.smaller is not None, drills.summary()
     assert not drills.smaller.drill.holds
     assert not direct_holds(name, drills.smaller.row.hosts), drills.summary()
+
+
+def test_a_failure_during_a_dependency_outage_is_an_accepted_risk_unless_contracted() -> None:
+    case, req, layout, _ = drilled(SLOW_LARGE)
+    model = run_case_model(SLOW_LARGE)
+    table = size_fleet(req, layout=layout).table
+    deps = replace(req.recovery, startup_dependencies=("artifact registry",))
+    risky = drill_candidates(
+        table,
+        requirement=replace(req, recovery=deps),
+        model=model,
+        demand_rps=table.spec.demand_rate / 60,
+        seed=case.seed,
+    )
+    assert risky is not None
+    assert risky.combined is not None
+    assert risky.combined.drill.spec.replacement_blocked
+    assert not any(d.drill.spec.replacement_blocked for d in risky.drilled)
+    assert "accepted risk, not paid for" in risky.summary()
+    contracted = drill_candidates(
+        table,
+        requirement=replace(req, recovery=replace(deps, combined_in_contract=True)),
+        model=model,
+        demand_rps=table.spec.demand_rate / 60,
+        seed=case.seed,
+    )
+    assert contracted is not None
+    assert contracted.combined is None
+    assert all(d.drill.spec.replacement_blocked for d in contracted.drilled)
+    assert "inside the contract: the failure while artifact registry is out" in (
+        contracted.summary()
+    )
+
+
+@cache
+def outcome_of(name: str) -> Outcome:
+    return run_case(CASES[name])
+
+
+def run_case_model(name: str) -> ModelKnee:
+    model = outcome_of(name).capacity.engine_model
+    assert model is not None, f"{name}: no engine model"
+    return model
