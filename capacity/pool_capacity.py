@@ -55,6 +55,10 @@ class CapacityMethod(Enum):
 # The engine model's knee is checked against an observed crossing; further apart than this is
 # a flag (one of them misreads the fleet).
 MODEL_DISAGREEMENT_RATIO = 0.15
+# Resamples for the fits that do not size the fleet (per-replica knees, latency lines beside an
+# estimate from a crossing or the engine model): a 90% interval from 100 resamples moves by a
+# few percent against 400, which a per-replica outlier or a context line can afford.
+OUTLIER_RESAMPLES = 100
 
 
 @dataclass(frozen=True)
@@ -349,39 +353,21 @@ def pool_capacities(
             notes.append(f"pool {pool}: capacity not fitted: {exc}")
             continue
         fit = _with_replica_count(fit, replicas.get_column("replica").n_unique())
+        # Per replica the knee shows outliers; fewer resamples bound its interval well enough.
+        replica_spec = replace(spec, resamples=min(spec.resamples, OUTLIER_RESAMPLES))
         replica_fits = []
         for replica in sorted(replicas.get_column("replica").unique().to_list()):
             try:
                 replica_fits.append(
                     fit_attainment(
                         replicas.filter(pl.col("replica") == replica),
-                        spec=spec,
+                        spec=replica_spec,
                         group=f"replica {replica}",
                         data=data,
                     )
                 )
             except ValueError as exc:
                 notes.append(f"replica {replica}: capacity not fitted: {exc}")
-        pool_models = models.filter(pl.col("pool") == pool)
-        ttft = tpot = None
-        if spec.ttft_limit_s is not None:
-            ttft = fit_ttft(
-                pool_models,
-                limit_s=spec.ttft_limit_s,
-                quantile=spec.target_ratio,
-                seed=spec.seed,
-                resamples=spec.resamples,
-                confidence_ratio=spec.confidence_ratio,
-            )
-        if spec.tpot_limit_s is not None:
-            tpot = fit_tpot(
-                pool_models,
-                limit_s=spec.tpot_limit_s,
-                quantile=spec.target_ratio,
-                seed=spec.seed,
-                resamples=spec.resamples,
-                confidence_ratio=spec.confidence_ratio,
-            )
         model = None
         if engine_model is not None:
             model = _engine_model(
@@ -393,6 +379,31 @@ def pool_capacities(
                 settings=engine_model,
                 data=data,
                 notes=notes,
+            )
+        # The latency lines estimate only when neither a crossing nor the engine model does;
+        # otherwise they are context, and fewer resamples serve.
+        resamples = spec.resamples
+        if fit.observed or (model is not None and model.knee_rps > 0):
+            resamples = min(resamples, OUTLIER_RESAMPLES)
+        pool_models = models.filter(pl.col("pool") == pool)
+        ttft = tpot = None
+        if spec.ttft_limit_s is not None:
+            ttft = fit_ttft(
+                pool_models,
+                limit_s=spec.ttft_limit_s,
+                quantile=spec.target_ratio,
+                seed=spec.seed,
+                resamples=resamples,
+                confidence_ratio=spec.confidence_ratio,
+            )
+        if spec.tpot_limit_s is not None:
+            tpot = fit_tpot(
+                pool_models,
+                limit_s=spec.tpot_limit_s,
+                quantile=spec.target_ratio,
+                seed=spec.seed,
+                resamples=resamples,
+                confidence_ratio=spec.confidence_ratio,
             )
         capacity = PoolCapacity(pool, fit, tuple(replica_fits), ttft, tpot, model)
         disagreement = capacity.model_disagreement_ratio
