@@ -29,6 +29,11 @@ from emulator.engine_params import EngineParams
 from emulator.fleet_config import RouterSpec, TopologySpec
 
 MAX_EXTRA_HOSTS = 4
+# Judged before the failure and once replacements serve: three minutes each show a steady
+# state (a busy fleet's thousands of requests a minute, a small one's hundreds) at a third of
+# the cost of five, and a recommendation drills several fleets.
+DRILL_STEADY_S = 180.0
+DRILL_AFTER_S = 180.0
 # When the requirement states no replacement start-up time: the emulator's cold start.
 DEFAULT_STARTUP_S = EngineParams().cold_start_s
 
@@ -121,6 +126,8 @@ def drill_spec(
         replacement_blocked=bool(recovery.startup_dependencies)
         and (recovery.combined_in_contract if combined is None else combined),
         backlog_requests=round(recovery.backlog_requests.value),
+        steady_s=DRILL_STEADY_S,
+        after_s=DRILL_AFTER_S,
         seed=seed,
     )
 

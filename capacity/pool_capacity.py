@@ -34,7 +34,7 @@ from capacity.attainment_fit import (
     request_outcomes,
 )
 from capacity.capacity_fit import LoadUnit
-from capacity.engine_fit import decode_steps, fit_engine
+from capacity.engine_fit import fit_engine, sampled_decode_steps
 from capacity.figure import Figure, fmt, measured
 from capacity.knee_search import KneeSearchSpec, ModelKnee, search_knee
 from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
@@ -431,8 +431,8 @@ def _engine_model(
     notes: list[str],
 ) -> ModelKnee | None:
     """One pool's engine model knee, or None with a note saying why not."""
-    # In a fixed order: the replay draws its shapes by position.
-    requests = outcomes.sort("replica", "arrival_ts", "end_ts", "request_id").collect()
+    # Every use below orders what it reads itself (the replay sorts the shapes it draws).
+    requests = outcomes.collect()
     hit_ratio = None
     if prefix is not None:
         replicas = requests.select("replica").unique().lazy()
@@ -446,11 +446,9 @@ def _engine_model(
         if queries:
             hit_ratio = float(hits) / float(queries)
     try:
+        steps, fitted_on = sampled_decode_steps(requests)
         engine = fit_engine(
-            decode_steps(requests.lazy()).collect(),
-            seed=spec.seed,
-            resamples=settings.resamples,
-            source=data,
+            steps, seed=spec.seed, resamples=settings.resamples, source=f"{data}; {fitted_on}"
         )
         return search_knee(
             engine,
