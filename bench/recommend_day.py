@@ -25,6 +25,7 @@ import polars as pl
 from bench.report import Comparison
 from bench.rollup_day import day_store
 from capacity.knee_search import KneeSearchSpec, engine_params, replays, search_knee
+from capacity.parallel import process_map
 from capacity.requirement import parse_requirement
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterSpec, SloSpec, TopologySpec
@@ -59,7 +60,8 @@ def run(*, quick: bool = False) -> list[Comparison]:
     requirement = parse_requirement(tomllib.loads(REQUIREMENT), where="bench requirement")
     with Store.open(path) as store:
         started = time.perf_counter()
-        record, _ = recommend_from_store(store, requirement=requirement, now=NOW)
+        with process_map() as mapper:  # as `servewatch recommend` runs it
+            record, _ = recommend_from_store(store, requirement=requirement, now=NOW, mapper=mapper)
         recommend_s = time.perf_counter() - started
         pool = next(p for p in record.pools if p.engine_model is not None)
         model = pool.engine_model

@@ -16,11 +16,13 @@ The drilled fleet is the candidate's hosts per zone with the requirement's repli
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from capacity.drill import DrillFleet, DrillResult, DrillSpec, run_drill
 from capacity.failure_table import FailureRow, FailureTable, failure_row
 from capacity.knee_search import ModelKnee, engine_params
+from capacity.parallel import Mapper, serial_map
 from capacity.placement import FailureUnit, Footprint
 from capacity.requirement import Requirement
 from capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
@@ -163,6 +165,10 @@ def drill_row(table: FailureTable, *, hosts: int, model: ModelKnee, spec: DrillS
     )
 
 
+def _drill_at(hosts: int, *, table: FailureTable, model: ModelKnee, spec: DrillSpec) -> DrilledRow:
+    return drill_row(table, hosts=hosts, model=model, spec=spec)
+
+
 def drill_candidates(
     table: FailureTable,
     *,
@@ -170,20 +176,24 @@ def drill_candidates(
     model: ModelKnee,
     demand_rps: float,
     seed: int,
+    mapper: Mapper = serial_map,
 ) -> FleetDrills | None:
     """Drill from the table's minimum up or down to the smallest fleet that holds; None when
     the table has no minimum or the requirement no TTFT or TPOT limit to judge by."""
     if table.minimum is None or not requirement.slo.attainment:
         return None
     spec = drill_spec(requirement, demand_rps=demand_rps, seed=seed)
-    done: dict[int, DrilledRow] = {}
+    drill_at = functools.partial(_drill_at, table=table, model=model, spec=spec)
+    hosts = table.minimum.hosts
+    # The minimum and one host fewer are drilled in any case (at once, when a mapper spreads).
+    first = [h for h in (hosts - 1, hosts) if h >= 1]
+    done: dict[int, DrilledRow] = dict(zip(first, mapper(drill_at, first), strict=True))
 
     def drilled(hosts: int) -> DrilledRow:
         if hosts not in done:
-            done[hosts] = drill_row(table, hosts=hosts, model=model, spec=spec)
+            done[hosts] = drill_at(hosts)
         return done[hosts]
 
-    hosts = table.minimum.hosts
     while not drilled(hosts).drill.holds and hosts < table.minimum.hosts + MAX_EXTRA_HOSTS:
         hosts += 1
     recommended: DrilledRow | None = drilled(hosts)

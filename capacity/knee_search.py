@@ -21,6 +21,7 @@ simulation seed, so both the fit's uncertainty and the simulation's noise widen 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -30,6 +31,7 @@ import polars as pl
 from capacity.bootstrap import outward_interval
 from capacity.engine_fit import EngineFit, StepTime
 from capacity.figure import fmt
+from capacity.parallel import Mapper, serial_map
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
@@ -365,6 +367,27 @@ def _search(
     return found.capacity_rps, probed_s
 
 
+def _search_resample(
+    item: tuple[StepTime, int],
+    *,
+    mix: SampledMix,
+    spec: KneeSearchSpec,
+    ttft_offset_s: float,
+    first_rate_rps: float,
+) -> tuple[float, float]:
+    """One resampled fit's search (step time, seed): a unit a `Mapper` can spread."""
+    step, seed = item
+    return _search(
+        step,
+        mix,
+        spec=spec,
+        ttft_offset_s=ttft_offset_s,
+        seed=seed,
+        first_rate_rps=first_rate_rps,
+        growth_ratio=RESAMPLE_GROWTH_RATIO,
+    )
+
+
 def _widened(knee: float, end: float, *, upper: bool) -> float:
     """An interval end moved out by the model's own error, in quadrature with the bootstrap's
     half-width on that side (both relative to the knee)."""
@@ -382,6 +405,7 @@ def search_knee(
     spec: KneeSearchSpec,
     observed_attainment_ratio: float,
     hit_ratio: float | None = None,
+    mapper: Mapper = serial_map,
 ) -> ModelKnee:
     """The fitted engine's knee under the workload of `requests` (one pool's), with the
     bootstrap interval. Each candidate replay (`replays`) is first run at `load_rps` per
@@ -423,18 +447,17 @@ def search_knee(
         first_rate_rps=load_rps,
         growth_ratio=2.0,
     )
-    searched = [
-        _search(
-            step,
-            replay.mix,
-            spec=spec,
-            ttft_offset_s=check.ttft_offset_s,
-            seed=spec.seed + 1 + i,
-            first_rate_rps=knee if knee > 0 else load_rps,
-            growth_ratio=RESAMPLE_GROWTH_RATIO,
-        )
-        for i, step in enumerate(replay.resampled[: spec.resamples])
-    ]
+    resample = functools.partial(
+        _search_resample,
+        mix=replay.mix,
+        spec=spec,
+        ttft_offset_s=check.ttft_offset_s,
+        first_rate_rps=knee if knee > 0 else load_rps,
+    )
+    searched = mapper(
+        resample,
+        [(step, spec.seed + 1 + i) for i, step in enumerate(replay.resampled[: spec.resamples])],
+    )
     knees = sorted(k for k, _ in searched)
     probed_s += sum(seconds for _, seconds in searched)
     low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)

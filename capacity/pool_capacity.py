@@ -38,6 +38,7 @@ from capacity.engine_fit import fit_engine, sampled_decode_steps
 from capacity.figure import Figure, fmt, measured
 from capacity.knee_search import KneeSearchSpec, ModelKnee, search_knee
 from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
+from capacity.parallel import Mapper, serial_map
 from capacity.requirement import Requirement
 from emulator.engine_params import EngineParams
 from emulator.fleet_config import RouterPolicy
@@ -317,6 +318,7 @@ def pool_capacities(
     running: pl.LazyFrame | None = None,
     prefix: pl.LazyFrame | None = None,
     engine_model: EngineModelSettings | None = None,
+    mapper: Mapper = serial_map,
 ) -> tuple[tuple[PoolCapacity, ...], tuple[str, ...]]:
     """Each pool's capacity from traced requests (and scraped per-minute frames where given),
     and notes on pools or models that could not be fitted. With `engine_model`, each pool's
@@ -379,6 +381,7 @@ def pool_capacities(
                 settings=engine_model,
                 data=data,
                 notes=notes,
+                mapper=mapper,
             )
         # The latency lines estimate only when neither a crossing nor the engine model does;
         # otherwise they are context, and fewer resamples serve.
@@ -429,6 +432,7 @@ def _engine_model(
     settings: EngineModelSettings,
     data: str,
     notes: list[str],
+    mapper: Mapper,
 ) -> ModelKnee | None:
     """One pool's engine model knee, or None with a note saying why not."""
     # Every use below orders what it reads itself (the replay sorts the shapes it draws).
@@ -467,6 +471,7 @@ def _engine_model(
                 confidence_ratio=spec.confidence_ratio,
                 limits=settings.limits,
             ),
+            mapper=mapper,
         )
     except ValueError as exc:
         notes.append(f"pool {fit.group.removeprefix('pool ')}: engine model not fitted: {exc}")

@@ -30,6 +30,7 @@ from capacity.figure import derived, fmt
 from capacity.fleet_drills import drill_candidates
 from capacity.fleet_size import FleetSize, size_fleet
 from capacity.observed_demand import ObservedDemand
+from capacity.parallel import Mapper, serial_map
 from capacity.placement import NO_LAYOUT, Layout
 from capacity.pool_capacity import PoolCapacity, pool_capacity_figure
 from capacity.requirement import Requirement, RequirementError, figures, replace_figure
@@ -119,6 +120,7 @@ def recommend(
     pools: tuple[PoolCapacity, ...] = (),
     observed: ObservedDemand | None = None,
     drill: bool = True,
+    mapper: Mapper = serial_map,
 ) -> DecisionRecord:
     """Size the fleet for `requirement`, with measurements where given, and record why.
     With a fitted engine model (and `drill`), the failure table's answer is drilled in
@@ -149,6 +151,7 @@ def recommend(
             model=fit.engine_model,
             demand_rps=drill_demand_rps(fleet, requirement),
             seed=fit.attainment.spec.seed,
+            mapper=mapper,
         )
         if drills is not None:
             notes.append(drills.summary())

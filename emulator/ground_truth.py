@@ -34,6 +34,8 @@ PROBE_START_S = 1_800_000_000.0  # any instant will do; probes never read a wall
 MIN_RATE_RPS = 1e-3
 CONVERSATION_WARMUP_S = 300.0
 PROBE_WARMUP_RATIO = 0.1  # of the judged window
+SETTLE_LIFETIMES = 2.0  # request lifetimes (request_lifetime_s) a probe warms up and judges
+MAX_TTFT_S = 60.0  # a TTFT limit past this counts as this, for a lifetime
 MAX_RATE_RPS = 1e6
 
 
@@ -122,6 +124,19 @@ class _Judge:
         pass
 
 
+def request_lifetime_s(
+    engine: EngineParams, workload: WorkloadSpec | SampledMix, slo: SloSpec
+) -> float:
+    """How long a mean request lasts at most while it meets the SLO: its TTFT limit and its
+    answer at the TPOT limit (or at a full batch's step time, when that is shorter)."""
+    if isinstance(workload, SampledMix):
+        completion = sum(c for _, c in workload.shapes) / len(workload.shapes)
+    else:
+        completion = workload.output_tokens.typical()
+    full_step_s = engine.step_base_s + engine.step_per_seq_s * engine.max_num_seqs
+    return min(slo.ttft_s, MAX_TTFT_S) + max(completion - 1.0, 0.0) * min(slo.tpot_s, full_step_s)
+
+
 def attainment_at(
     engine: EngineParams,
     workload: WorkloadSpec | SampledMix,
@@ -147,8 +162,13 @@ def attainment_at(
         raise ValueError(f"rate_rps must be > 0, got {rate_rps}")
     replicas = 1 if fleet is None else fleet.topology.replicas
     total_rps = rate_rps * replicas
-    window_s = requests / total_rps
-    warmup_s = warmup_ratio * window_s
+    # A fleet reaches its steady state (its batch, its KV blocks, its queue) only after a few
+    # request lifetimes; a busy fleet's 3000 requests arrive in seconds, so both the warm-up
+    # and the judged window last at least `SETTLE_LIFETIMES` lifetimes of a request that
+    # meets the SLO, or a short probe passes a load that overloads it a minute later.
+    settle_s = SETTLE_LIFETIMES * request_lifetime_s(engine, workload, slo)
+    window_s = max(requests / total_rps, settle_s)
+    warmup_s = max(warmup_ratio * window_s, settle_s)
     if isinstance(workload, WorkloadSpec) and workload.conversation.turns_mean > 1.0:
         warmup_s = max(warmup_s, CONVERSATION_WARMUP_S)
     from_s = PROBE_START_S + warmup_s

@@ -99,6 +99,20 @@ class Distribution:
             max_value=max_value,
         )
 
+    def typical(self) -> float:
+        """The mean before clamping, clamped: what a typical draw is near (a lognormal's long
+        tail is cut by its max, which this ignores)."""
+        match self.kind:
+            case DistributionKind.FIXED:
+                x = self.value
+            case DistributionKind.UNIFORM:
+                x = (self.low + self.high) / 2.0
+            case DistributionKind.LOGNORMAL:
+                x = self.median * math.exp(self.sigma**2 / 2.0)
+            case DistributionKind.EXPONENTIAL:
+                x = self.mean
+        return min(max(x, self.min_value), self.max_value)
+
     def sample(self, rng: random.Random) -> float:
         match self.kind:
             case DistributionKind.FIXED:

@@ -36,6 +36,7 @@ from typer.core import TyperGroup
 
 from capacity.decision_record import drill_section_json
 from capacity.drill import DrillSpec
+from capacity.parallel import process_map
 from capacity.placement import FailureUnit
 from capacity.requirement import RequirementError, load_requirement
 from capacity.worksheet import size as size_worksheet
@@ -1050,9 +1051,10 @@ def recommend(
     from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
     with open_store() as store:
         try:
-            record, measured = recommend_from_store(
-                store, requirement=spec, from_ts=from_ts, to_ts=to_ts
-            )
+            with process_map() as mapper:
+                record, measured = recommend_from_store(
+                    store, requirement=spec, from_ts=from_ts, to_ts=to_ts, mapper=mapper
+                )
         except RequirementError as exc:
             raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
         document = record.to_json()

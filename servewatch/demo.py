@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from capacity.parallel import process_map
 from capacity.requirement import load_requirement
 from collectors.replay import replay_fixture
 from dashboards.export import write_report
@@ -243,7 +244,8 @@ def run_demo(
         requirement_file = out / "requirement.toml"
         requirement_file.write_text(_requirement(config, truth.capacity_rps * 60), encoding="utf-8")
         requirement = load_requirement(requirement_file)
-        record, _ = recommend_from_store(store, requirement=requirement)
+        with process_map() as mapper:
+            record, _ = recommend_from_store(store, requirement=requirement, mapper=mapper)
         progress("writing the report")
         report = store_report(store, limits=DEMO_LIMITS, findings=findings, record=record)
         files = write_report(report, out / "report")

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from capacity.drill import ConfiguredWorkload, DrillFleet, DrillResult, DrillSpec, run_drill
 from capacity.fleet_drills import DrilledRow, FleetDrills, drill_row, drill_spec
+from capacity.parallel import process_map
 from capacity.pool_capacity import PoolCapacity
 from capacity.recommendation import drill_demand_rps
 from capacity.requirement import Requirement
@@ -93,9 +94,10 @@ def store_drill(
     to_ts: datetime | None,
 ) -> StoreDrills:
     """Fit, size and drill as `recommend` does; with `hosts`, also drill that many hosts."""
-    record, measured = recommend_from_store(
-        store, requirement=requirement, from_ts=from_ts, to_ts=to_ts
-    )
+    with process_map() as mapper:
+        record, measured = recommend_from_store(
+            store, requirement=requirement, from_ts=from_ts, to_ts=to_ts, mapper=mapper
+        )
     fit = record.capacity_fit
     if not isinstance(fit, PoolCapacity) or fit.engine_model is None:
         raise DrillSetupError(

@@ -20,6 +20,7 @@ from capacity.cache_hit_rate import HITS, QUERIES, HitRatioSpread, observe_hit_r
 from capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
 from capacity.decision_record import DecisionRecord
 from capacity.observed_demand import ObservedDemand, observed_demand
+from capacity.parallel import Mapper, serial_map
 from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
 from capacity.pool_capacity import PoolCapacity, engine_model_settings, pool_capacities
 from capacity.recommendation import recommend
@@ -97,7 +98,12 @@ def _window(
 
 
 def measure(
-    store: Store, *, requirement: Requirement, from_ts: datetime | None, to_ts: datetime | None
+    store: Store,
+    *,
+    requirement: Requirement,
+    from_ts: datetime | None,
+    to_ts: datetime | None,
+    mapper: Mapper = serial_map,
 ) -> Measurements:
     notes: list[str] = []
     roll_up_request_minutes(store)
@@ -136,6 +142,7 @@ def measure(
             running=frames.get("scheduler_state"),
             prefix=frames.get("prefix_cache"),
             engine_model=engine_model_settings(requirement),
+            mapper=mapper,
         )
         notes.extend(pool_notes)
         fit, pool_note = _chosen_pool(pools, requirement.pool)
@@ -236,8 +243,10 @@ def recommend_from_store(
     from_ts: datetime | None = None,
     to_ts: datetime | None = None,
     now: datetime | None = None,
+    mapper: Mapper = serial_map,
 ) -> tuple[DecisionRecord, Measurements]:
-    measured = measure(store, requirement=requirement, from_ts=from_ts, to_ts=to_ts)
+    """Measure, size and drill; `mapper` spreads the simulations (capacity/parallel.py)."""
+    measured = measure(store, requirement=requirement, from_ts=from_ts, to_ts=to_ts, mapper=mapper)
     record = recommend(
         requirement,
         now=now or datetime.now(UTC),
@@ -246,5 +255,6 @@ def recommend_from_store(
         layout=measured.layout,
         pools=measured.pools,
         observed=measured.demand,
+        mapper=mapper,
     )
     return record, measured

@@ -29,6 +29,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from capacity.parallel import process_map
 from capacity.requirement import load_requirement
 from collectors.metric_ingest import MetricIngestReport
 from collectors.otlp_receiver import OtlpHttpReceiver
@@ -292,7 +293,8 @@ class Service:
         at = now or utc_now()
 
         def decide(store: Store) -> None:
-            record, _ = recommend_from_store(store, requirement=requirement)
+            with process_map() as mapper:
+                record, _ = recommend_from_store(store, requirement=requirement, mapper=mapper)
             store.write_recommendation(
                 pl.DataFrame(
                     [(at, requirement.name, record.verdict(), json.dumps(record.to_json()))],

@@ -101,22 +101,7 @@ def test_the_recommended_fleet_holds_in_direct_emulation(name: str) -> None:
     assert direct_holds(name, drills.recommended.row.hosts), drills.summary()
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        SLOW_LARGE,
-        UNEVEN,
-        pytest.param(
-            MULTI_TURN_AFFINITY,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the engine model replays no conversations: one host fewer fails the "
-                "model's drill (attainment 0.82 after the loss) but holds in the fleet, whose "
-                "users abandon conversations a failure aborted and whose caches survive",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("name", [SLOW_LARGE, UNEVEN, MULTI_TURN_AFFINITY])
 def test_one_host_fewer_fails_in_direct_emulation_as_in_its_drill(name: str) -> None:
     _, _, _, drills = drilled(name)
     assert drills.smaller is not None, drills.summary()

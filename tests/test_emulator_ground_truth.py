@@ -10,11 +10,13 @@ import pytest
 from emulator.engine import EngineParams
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
 from emulator.ground_truth import (
+    SETTLE_LIFETIMES,
     attainment_at,
     capacity_at_slo,
     capacity_for_config,
     fleet_capacity_for_config,
     meets_slo,
+    request_lifetime_s,
 )
 from emulator.records import FinishedReason, FinishedRequest
 from emulator.trace_replay import TraceFormat
@@ -101,9 +103,11 @@ def test_conversational_mix_capacity_is_measured_after_follow_ups_build_up() -> 
 
 
 def test_probe_judges_only_the_window_and_counts_stragglers_as_bad() -> None:
-    # Far beyond capacity: most judged requests never finish in time, all count as bad.
+    # Far beyond capacity: most judged requests never finish in time, all count as bad. The
+    # window is the requests asked for, or the settling time when they arrive sooner.
     overload = attainment_at(ENGINE, SINGLE_TURNS, rate_rps=200.0, slo=SLO, seed=1, requests=400)
-    assert overload.judged_requests == pytest.approx(400, rel=0.15)
+    window_s = max(400 / 200.0, SETTLE_LIFETIMES * request_lifetime_s(ENGINE, SINGLE_TURNS, SLO))
+    assert overload.judged_requests == pytest.approx(200.0 * window_s, rel=0.15)
     assert overload.attainment_ratio < 0.2
     light = attainment_at(ENGINE, SINGLE_TURNS, rate_rps=0.5, slo=SLO, seed=1, requests=200)
     assert light.attainment_ratio > 0.95
@@ -176,3 +180,11 @@ def test_a_fleet_behind_a_router_carries_at_least_a_lone_replicas_rate_each() ->
         each = fleet_capacity_for_config(routed, seed=5, requests=1500)
         assert each.capacity_rps >= alone * 0.98, policy
         assert each.attainment_ratio >= SLO.target_ratio
+
+
+def test_a_busy_probe_lasts_long_enough_to_show_the_steady_state() -> None:
+    # 3000 requests at 60 req/s arrive in 50 s, a couple of answers' worth: the probe warms up
+    # and judges for at least two lifetimes of a request meeting the SLO instead.
+    lifetime_s = request_lifetime_s(ENGINE, SINGLE_TURNS, SLO)
+    probe = attainment_at(ENGINE, SINGLE_TURNS, rate_rps=60.0, slo=SLO, seed=2, requests=300)
+    assert probe.judged_requests >= 0.85 * 60.0 * SETTLE_LIFETIMES * lifetime_s
