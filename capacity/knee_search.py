@@ -35,7 +35,7 @@ from capacity.parallel import Mapper, serial_map
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import PROBE_START_S, PROBE_WARMUP_RATIO, capacity_at_slo, meets_slo
+from emulator.ground_truth import PROBE_START_S, capacity_at_slo, meets_slo
 from emulator.records import FinishedRequests
 from emulator.sampled_workload import SampledMix
 from emulator.workload import WorkloadSpec
@@ -360,10 +360,7 @@ def _search(
         fleet=_fleet(engine, spec, slo),
         growth_ratio=growth_ratio,
     )
-    probed_s = sum(
-        (1.0 + PROBE_WARMUP_RATIO) * spec.requests_per_probe / (p.rate_rps * spec.replicas)
-        for p in found.probes
-    )
+    probed_s = sum(p.arrivals_s for p in found.probes)
     return found.capacity_rps, probed_s
 
 

@@ -46,6 +46,7 @@ class CapacityProbe:
     rate_rps: float
     judged_requests: int
     good_requests: int
+    arrivals_s: float = 0.0  # virtual time of arrivals simulated: the warm-up and the window
 
     @property
     def attainment_ratio(self) -> float:
@@ -197,7 +198,7 @@ def attainment_at(
     step_s = max(10.0, window_s / 20)
     while judge.finished < judge.arrived and sim.now_s < deadline_s:
         sim.run_until(min(sim.now_s + step_s, deadline_s))
-    return CapacityProbe(rate_rps, judge.arrived, judge.good)
+    return CapacityProbe(rate_rps, judge.arrived, judge.good, warmup_s + window_s)
 
 
 def capacity_at_slo(
