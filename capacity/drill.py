@@ -38,6 +38,7 @@ from emulator.engine_params import EngineParams
 from emulator.failures import FailureKind, FailureSpec
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import AdmissionSpec, FleetConfig, RouterSpec, SloSpec, TopologySpec
+from emulator.forwarding_source import ForwardingSource
 from emulator.ground_truth import meets_slo
 from emulator.records import FinishedRequest, FinishedRequests, ReplicaPlacement
 from emulator.workload import ArrivalSpec, RequestSource, RequestSpec, WorkloadSpec, request_source
@@ -55,6 +56,23 @@ _FAILURE_KIND = {
     FailureUnit.HOST: FailureKind.HOST_LOSS,
     FailureUnit.ZONE: FailureKind.ZONE_LOSS,
 }
+
+
+def judged_slo(
+    ttft_limit_s: float | None,
+    tpot_limit_s: float | None,
+    target_ratio: float,
+    *,
+    ttft_offset_s: float,
+) -> SloSpec:
+    """The SLO simulated requests are judged by: the TTFT limit less the time spent outside
+    the engine (nothing meets it when that is all of it), an absent limit unlimited."""
+    ttft_s = UNLIMITED_S if ttft_limit_s is None else ttft_limit_s - ttft_offset_s
+    return SloSpec(
+        ttft_s=max(ttft_s, 1e-9),
+        tpot_s=UNLIMITED_S if tpot_limit_s is None else tpot_limit_s,
+        target_ratio=target_ratio,
+    )
 
 
 class DrillWorkload(Protocol):
@@ -136,11 +154,8 @@ class DrillSpec:
         return self.recovery_interval_s if self.drain_bound_s is None else self.drain_bound_s
 
     def slo(self, *, ttft_offset_s: float) -> SloSpec:
-        ttft_s = UNLIMITED_S if self.ttft_limit_s is None else self.ttft_limit_s - ttft_offset_s
-        return SloSpec(
-            ttft_s=max(ttft_s, 1e-9),
-            tpot_s=UNLIMITED_S if self.tpot_limit_s is None else self.tpot_limit_s,
-            target_ratio=self.target_ratio,
+        return judged_slo(
+            self.ttft_limit_s, self.tpot_limit_s, self.target_ratio, ttft_offset_s=ttft_offset_s
         )
 
 
@@ -313,10 +328,11 @@ class _Burst:
         return spec._replace(request_id=f"backlog-{spec.request_id}")
 
 
-class _Merged:
+class _Merged(ForwardingSource):
     """Two arrival streams in time order; follow-ups go to the first (the backlog has none)."""
 
     def __init__(self, main: RequestSource, burst: _Burst) -> None:
+        super().__init__(main)
         self._main = main
         self._burst = burst
         self._next_main = main.next_arrival()
@@ -332,26 +348,13 @@ class _Merged:
         self._next_burst = self._burst.next_arrival()
         return b
 
-    def follow_up(
-        self,
-        finished: RequestSpec,
-        *,
-        completion_tokens: int,
-        end_s: float,
-        ok: bool,
-        refused: bool = False,
-    ) -> RequestSpec | None:
-        return self._main.follow_up(
-            finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok, refused=refused
-        )
 
-
-class SentLog:
+class SentLog(ForwardingSource):
     """A source wrapper that logs every attempt sent (request id, arrival), retries and turns
     included: what arrived, finished or not, so an attempt still queued at the end counts."""
 
     def __init__(self, source: RequestSource) -> None:
-        self._source = source
+        super().__init__(source)
         self.sent: list[tuple[str, float]] = []
 
     def _log(self, spec: RequestSpec | None) -> RequestSpec | None:
@@ -372,7 +375,7 @@ class SentLog:
         refused: bool = False,
     ) -> RequestSpec | None:
         return self._log(
-            self._source.follow_up(
+            super().follow_up(
                 finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok, refused=refused
             )
         )

@@ -23,16 +23,24 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from capacity.drill import DRILL_START_S, MINUTE_S, SAMPLE_S, WARMUP_S, DrillFleet, SentLog
+from capacity.drill import (
+    DRILL_START_S,
+    MINUTE_S,
+    SAMPLE_S,
+    WARMUP_S,
+    DrillFleet,
+    SentLog,
+    judged_slo,
+)
 from capacity.figure import fmt
 from emulator.failures import FailureKind, FailureSpec
 from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, SloSpec, TopologySpec
+from emulator.fleet_config import FleetConfig, TopologySpec
+from emulator.forwarding_source import ForwardingSource
 from emulator.ground_truth import meets_slo
 from emulator.records import FinishedRequests
 from emulator.workload import RequestSource, RequestSpec, WorkloadSpec
 
-UNLIMITED_S = 1e9
 MAX_WARM = 64
 
 
@@ -166,11 +174,11 @@ class WarmPool:
         }
 
 
-class _Ramped:
+class _Ramped(ForwardingSource):
     """A source thinned from `peak_rps` to the step's rate at each instant (Lewis-Shedler)."""
 
     def __init__(self, inner: RequestSource, *, spec: TrafficStepSpec, step_s: float) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._spec = spec
         self._step_s = step_s
         self._peak_rps = spec.demand_rps * spec.ratio
@@ -178,25 +186,12 @@ class _Ramped:
 
     def next_arrival(self) -> RequestSpec | None:
         while True:
-            spec = self._inner.next_arrival()
+            spec = self._source.next_arrival()
             if spec is None:
                 return None
             rate = self._spec.rate_rps(spec.arrival_s - self._step_s)
             if self._rng.random() * self._peak_rps < rate:
                 return spec
-
-    def follow_up(
-        self,
-        finished: RequestSpec,
-        *,
-        completion_tokens: int,
-        end_s: float,
-        ok: bool,
-        refused: bool = False,
-    ) -> RequestSpec | None:
-        return self._inner.follow_up(
-            finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok, refused=refused
-        )
 
 
 def autoscaled_replicas(spec: TrafficStepSpec, *, replicas: int, warm: int) -> int:
@@ -262,11 +257,8 @@ def step_drill(fleet: DrillFleet, spec: TrafficStepSpec, *, warm: int) -> StepDr
         t_s = min(t_s + SAMPLE_S, stop_s)
         sim.run_until(t_s)
         up.append((t_s, sum(state.up for state in sim.states())))
-    ttft_s = UNLIMITED_S if spec.ttft_limit_s is None else spec.ttft_limit_s - fleet.ttft_offset_s
-    slo = SloSpec(
-        ttft_s=max(ttft_s, 1e-9),
-        tpot_s=UNLIMITED_S if spec.tpot_limit_s is None else spec.tpot_limit_s,
-        target_ratio=spec.target_ratio,
+    slo = judged_slo(
+        spec.ttft_limit_s, spec.tpot_limit_s, spec.target_ratio, ttft_offset_s=fleet.ttft_offset_s
     )
     good = {(r.request_id, r.arrival_s): meets_slo(r, slo) for r in records.finished}
     minutes = []

@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 from enum import Enum
 
+from emulator.forwarding_source import ForwardingSource
 from emulator.workload import RequestSource, RequestSpec, SpecError
 
 
@@ -62,18 +63,15 @@ class Attempt:
     retry_at_s: float | None  # when the client sends it again; None: it does not
 
 
-class RetryingClients:
+class RetryingClients(ForwardingSource):
     """A `RequestSource` whose clients retry refused and failed requests (module docstring)."""
 
     def __init__(self, source: RequestSource, policy: RetryPolicy, *, seed: int) -> None:
-        self._source = source
+        super().__init__(source)
         self._policy = policy
         self._rng = random.Random(f"{seed}:retries")  # noqa: S311 (simulation, not secrets)
         self._tries: dict[str, int] = {}
         self.attempts: list[Attempt] = []
-
-    def next_arrival(self) -> RequestSpec | None:
-        return self._source.next_arrival()
 
     def follow_up(
         self,
@@ -110,6 +108,6 @@ class RetryingClients:
             Attempt(finished.request_id, tried, finished.arrival_s, end_s, outcome, None)
         )
         self._tries.pop(finished.request_id, None)
-        return self._source.follow_up(
+        return super().follow_up(
             finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok, refused=refused
         )
