@@ -726,10 +726,7 @@ def _drill_lines(record: DecisionRecord) -> list[str]:
                 "the engine's cold start was assumed."
             ),
         ]
-    for title, drilled in (("Recommended", drills.recommended), ("One host fewer", drills.smaller)):
-        if drilled is not None:
-            lines += ["", *drilled.drill.markdown_lines(title)]
-    return lines
+    return [*lines, *drills.markdown_lines()]
 
 
 def _risk_lines(record: DecisionRecord) -> list[str]:

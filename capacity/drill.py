@@ -24,6 +24,7 @@ It does no I/O and reads no clock: the same fleet, spec and seed give the same r
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from capacity.figure import fmt
+from capacity.knee_search import nearest_rank_quantile
 from capacity.placement import FailureUnit
 from emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
 from emulator.engine_params import EngineParams
@@ -41,7 +43,7 @@ from emulator.fleet_config import AdmissionSpec, FleetConfig, RouterSpec, SloSpe
 from emulator.forwarding_source import ForwardingSource
 from emulator.ground_truth import meets_slo
 from emulator.records import FinishedRequest, FinishedRequests, ReplicaPlacement
-from emulator.workload import ArrivalSpec, RequestSource, RequestSpec, WorkloadSpec, request_source
+from emulator.workload import RequestSource, RequestSpec, WorkloadSpec, request_source
 
 DRILL_START_S = 1_700_000_000.0
 WARMUP_S = 60.0
@@ -92,9 +94,8 @@ class ConfiguredWorkload:
     def source(
         self, rate_rps: float, *, seed: int, start_s: float, until_s: float
     ) -> RequestSource:
-        arrival = ArrivalSpec(rate_rps=rate_rps)
         return request_source(
-            replace(self.spec, arrival=arrival), seed=seed, start_s=start_s, until_s=until_s
+            self.spec.with_rate(rate_rps), seed=seed, start_s=start_s, until_s=until_s
         )
 
 
@@ -381,11 +382,18 @@ class SentLog(ForwardingSource):
         )
 
 
-def _p95(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(0.95 * len(ordered)) - 1))]
+def run_sampled(
+    sim: FleetSimulation, *, start_s: float, stop_s: float
+) -> list[tuple[float, int, int]]:
+    """Advance `sim` to `stop_s` in `SAMPLE_S` steps: at each, waiting requests and replicas up."""
+    samples: list[tuple[float, int, int]] = []
+    t_s = start_s
+    while t_s < stop_s:
+        t_s = min(t_s + SAMPLE_S, stop_s)
+        sim.run_until(t_s)
+        states = sim.states()
+        samples.append((t_s, sum(s.waiting for s in states), sum(s.up for s in states)))
+    return samples
 
 
 @dataclass(frozen=True)
@@ -490,13 +498,7 @@ def _simulate(fleet: DrillFleet, spec: DrillSpec, marks: _Marks) -> _Run:
     sim = FleetSimulation(
         config, observer=records, seed=spec.seed, start_s=marks.start_s, source=sent
     )
-    waits: list[tuple[float, int, int]] = []  # time, waiting requests, replicas up
-    t_s, stop_s = marks.start_s, marks.end_s + GRACE_S
-    while t_s < stop_s:
-        t_s = min(t_s + SAMPLE_S, stop_s)
-        sim.run_until(t_s)
-        states = sim.states()
-        waits.append((t_s, sum(s.waiting for s in states), sum(s.up for s in states)))
+    waits = run_sampled(sim, start_s=marks.start_s, stop_s=marks.end_s + GRACE_S)
     # A retry waiting out its backoff is backlog too: the storm hides there.
     backoffs = sorted((a.end_s, a.retry_at_s) for a in clients.attempts if a.retry_at_s is not None)
     samples = tuple(
@@ -530,18 +532,28 @@ def _simulate(fleet: DrillFleet, spec: DrillSpec, marks: _Marks) -> _Run:
     return _Run(tuple(attempts), served_end_s, samples, lost)
 
 
+def _arrival(attempt: _Judged) -> float:
+    return attempt.arrival_s
+
+
 def _window(run: _Run, from_s: float, to_s: float) -> dict[str, Any]:
     """Every measure of the attempts arriving in [from_s, to_s) and the samples taken then."""
-    rows = [a for a in run.attempts if from_s <= a.arrival_s < to_s]
+    # Attempts are in arrival order and served ends sorted: a window is a slice of each.
+    rows = run.attempts[
+        bisect.bisect_left(run.attempts, from_s, key=_arrival) : bisect.bisect_left(
+            run.attempts, to_s, key=_arrival
+        )
+    ]
     done = [a.record for a in rows if a.record is not None and a.outcome is AttemptOutcome.SERVED]
     per_replica = Counter(r.replica for r in done)
     window = [s for s in run.samples if from_s <= s[0] < to_s]
     return {
         "attempts": len(rows),
         "attainment_ratio": sum(a.good for a in rows) / len(rows) if rows else 1.0,
-        "ttft_p95_s": _p95([r.ttft_s for r in done]),
-        "tpot_p95_s": _p95(
-            [r.decode_s / (r.completion_tokens - 1) for r in done if r.completion_tokens > 1]
+        "ttft_p95_s": nearest_rank_quantile([r.ttft_s for r in done], 0.95),
+        "tpot_p95_s": nearest_rank_quantile(
+            [r.decode_s / (r.completion_tokens - 1) for r in done if r.completion_tokens > 1],
+            0.95,
         ),
         "ready_replicas_min": min((s[2] for s in window), default=0),
         "routing_skew_ratio": (
@@ -555,7 +567,8 @@ def _window(run: _Run, from_s: float, to_s: float) -> dict[str, Any]:
         "unfinished": sum(a.outcome is None for a in rows),
         "queue_depth_max": max((s[1] for s in window), default=0),
         "oldest_queue_s": max((r.queue_s for r in done), default=0.0),
-        "useful": sum(1 for end_s in run.served_end_s if from_s <= end_s < to_s),
+        "useful": bisect.bisect_left(run.served_end_s, to_s)
+        - bisect.bisect_left(run.served_end_s, from_s),
     }
 
 

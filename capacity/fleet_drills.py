@@ -78,6 +78,14 @@ class FleetDrills:
             f"while {deps} is out (no replacement starts){verdict}"
         )
 
+    def markdown_lines(self) -> list[str]:
+        """The recommended fleet's drill and one host fewer's, each a verdict and its phases."""
+        lines: list[str] = []
+        for title, drilled in (("Recommended", self.recommended), ("One host fewer", self.smaller)):
+            if drilled is not None:
+                lines += ["", *drilled.drill.markdown_lines(title)]
+        return lines
+
     def for_hosts(self, hosts: int) -> DrilledRow | None:
         return next((d for d in self.drilled if d.row.hosts == hosts), None)
 

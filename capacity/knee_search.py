@@ -257,12 +257,13 @@ def _rank(q: float, n: int) -> int:
     return min(n - 1, max(0, math.ceil(q * n) - 1))
 
 
-def _quantile(values: list[float], q: float) -> float:
+def nearest_rank_quantile(values: list[float], q: float) -> float:
+    """The smallest value with at least `q` of the values at or below it; NaN when empty."""
     return sorted(values)[_rank(q, len(values))] if values else math.nan
 
 
 def _column_quantile(column: pl.Series, q: float) -> float:
-    """`_quantile` of a column, sorted by Polars: a pool's day holds millions of requests."""
+    """`nearest_rank_quantile` of a column, sorted by Polars (a pool's day holds millions)."""
     values = column.drop_nulls()
     return float(values.sort()[_rank(q, values.len())]) if values.len() else math.nan
 
@@ -311,7 +312,7 @@ def check_model(
     served = observed.lazy().filter(pl.col("ok").fill_null(value=False)).pipe(with_tpot).collect()
     observed_ttft, observed_tpot = served.get_column("ttft_s"), served.get_column("tpot_s")
     observed_p50_s = _column_quantile(observed_ttft, 0.5)
-    simulated_p50_s = _quantile(ttft, 0.5)
+    simulated_p50_s = nearest_rank_quantile(ttft, 0.5)
     offset_s = max(0.0, observed_p50_s - simulated_p50_s)
     slo = _slo(spec, ttft_offset_s=offset_s)
     simulated = (
@@ -327,9 +328,9 @@ def check_model(
         observed_ttft_p50_s=observed_p50_s,
         simulated_ttft_p50_s=simulated_p50_s,
         observed_ttft_p90_s=_column_quantile(observed_ttft, 0.9),
-        simulated_ttft_p90_s=_quantile(ttft, 0.9),
+        simulated_ttft_p90_s=nearest_rank_quantile(ttft, 0.9),
         observed_tpot_p90_s=_column_quantile(observed_tpot, 0.9),
-        simulated_tpot_p90_s=_quantile(tpot, 0.9),
+        simulated_tpot_p90_s=nearest_rank_quantile(tpot, 0.9),
         ttft_offset_s=offset_s,
     )
 

@@ -18,6 +18,7 @@ gives the peak rate and how long.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from dataclasses import dataclass, replace
@@ -26,11 +27,11 @@ from typing import Any
 from capacity.drill import (
     DRILL_START_S,
     MINUTE_S,
-    SAMPLE_S,
     WARMUP_S,
     DrillFleet,
     SentLog,
     judged_slo,
+    run_sampled,
 )
 from capacity.figure import fmt
 from emulator.failures import FailureKind, FailureSpec
@@ -251,21 +252,21 @@ def step_drill(fleet: DrillFleet, spec: TrafficStepSpec, *, warm: int) -> StepDr
     sent = SentLog(_Ramped(inner, spec=spec, step_s=step_s))
     records = FinishedRequests()
     sim = FleetSimulation(config, observer=records, seed=spec.seed, start_s=start_s, source=sent)
-    up: list[tuple[float, int]] = []
-    t_s, stop_s = start_s, end_s + 120.0
-    while t_s < stop_s:
-        t_s = min(t_s + SAMPLE_S, stop_s)
-        sim.run_until(t_s)
-        up.append((t_s, sum(state.up for state in sim.states())))
+    up = [(t_s, ready) for t_s, _, ready in run_sampled(sim, start_s=start_s, stop_s=end_s + 120.0)]
     slo = judged_slo(
         spec.ttft_limit_s, spec.tpot_limit_s, spec.target_ratio, ttft_offset_s=fleet.ttft_offset_s
     )
     good = {(r.request_id, r.arrival_s): meets_slo(r, slo) for r in records.finished}
     minutes = []
     first = math.ceil(-spec.steady_s / MINUTE_S)
+    by_arrival = sorted(sent.sent, key=lambda k: k[1])
     for m in range(first, math.floor((end_s - step_s) / MINUTE_S)):
         from_s = step_s + m * MINUTE_S
-        arrived = [k for k in sent.sent if from_s <= k[1] < from_s + MINUTE_S]
+        arrived = by_arrival[
+            bisect.bisect_left(by_arrival, from_s, key=lambda k: k[1]) : bisect.bisect_left(
+                by_arrival, from_s + MINUTE_S, key=lambda k: k[1]
+            )
+        ]
         met = sum(good.get(k, False) for k in arrived)
         minutes.append(
             StepMinute(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from emulator.engine import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
+from emulator.forwarding_source import ForwardingSource
 from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
 from emulator.sampled_workload import SampledMix
 from emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, WorkloadSpec
@@ -74,11 +75,11 @@ def meets_slo(record: FinishedRequest, slo: SloSpec) -> bool:
     return record.decode_s / (record.completion_tokens - 1) <= slo.tpot_s
 
 
-class _Judge:
+class _Judge(ForwardingSource):
     """Observer and source wrapper: counts requests arriving in the judged window."""
 
     def __init__(self, source: RequestSource, *, slo: SloSpec, from_s: float, to_s: float) -> None:
-        self._source = source
+        super().__init__(source)
         self._slo = slo
         self._from_s = from_s
         self._to_s = to_s
@@ -92,7 +93,7 @@ class _Judge:
         return spec
 
     def next_arrival(self) -> RequestSpec | None:
-        return self._count(self._source.next_arrival())
+        return self._count(super().next_arrival())
 
     def follow_up(
         self,
@@ -104,12 +105,8 @@ class _Judge:
         refused: bool = False,
     ) -> RequestSpec | None:
         return self._count(
-            self._source.follow_up(
-                finished,
-                completion_tokens=completion_tokens,
-                end_s=end_s,
-                ok=ok,
-                refused=refused,
+            super().follow_up(
+                finished, completion_tokens=completion_tokens, end_s=end_s, ok=ok, refused=refused
             )
         )
 

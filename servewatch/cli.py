@@ -1265,16 +1265,11 @@ def _print_store_drills(found: StoreDrills, *, as_json: bool) -> None:
             }
         )
         return
-    lines = [found.verdict, ""]
+    lines = [found.verdict]
     if drills is not None:
-        for title, drilled in (
-            ("Recommended", drills.recommended),
-            ("One host fewer", drills.smaller),
-        ):
-            if drilled is not None:
-                lines += [*drilled.drill.markdown_lines(title), ""]
+        lines += drills.markdown_lines()
     if found.stated is not None:
-        lines += found.stated.drill.markdown_lines(f"{found.stated.row.hosts} hosts")
+        lines += ["", *found.stated.drill.markdown_lines(f"{found.stated.row.hosts} hosts")]
     out_console.print(Markdown("\n".join(lines)))
 
 

@@ -13,10 +13,10 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from capacity.fleet_drills import topology
 from capacity.placement import layout_from_inventory
 from emulator.failures import FailureKind, FailureSpec
 from emulator.fleet import FleetSimulation
-from emulator.fleet_config import TopologySpec
 from emulator.ground_truth import meets_slo
 from emulator.records import FinishedRequests
 from emulator.workload import ArrivalSpec
@@ -181,15 +181,10 @@ def resimulated_attainment(hosts: int, *, demand_rps: float) -> float:
     config = demo_fleet(hours=0.5, rate_rps=3.0)
     layout = layout_from_inventory((p.replica, p.host, p.zone) for p in config.placements())
     footprint = layout.resized(hosts=hosts, zones=("zone-a", "zone-b"), replicas_per_host=4)
-    zones = [(zone, count) for zone, count in footprint.hosts_by_zone if count]
     loss_s = 600.0
     fleet = replace(
         config,
-        topology=TopologySpec(
-            zones=tuple(z for z, _ in zones),
-            hosts_per_zone=tuple(c for _, c in zones),
-            replicas_per_host=4,
-        ),
+        topology=topology(footprint, replicas_per_host=4, gpus=1),
         workload=replace(config.workload, arrival=ArrivalSpec(rate_rps=demand_rps)),
         failures=(FailureSpec(FailureKind.HOST_LOSS, at_s=loss_s, target="host-0"),),
     )
