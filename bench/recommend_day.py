@@ -92,7 +92,7 @@ def run(*, quick: bool = False) -> list[Comparison]:
 
     # The emulator alone: the same fleet, engine and mix at the knee, for the probes' time.
     replay = replays(model.engine, requests, hit_ratio=None, seed=1)[0]
-    engine = engine_params(replay.step, limits=spec.limits)
+    engine = engine_params(replay.step, limits=spec.limits, mix=replay.mix)
     total_rps = searched.knee_rps * spec.replicas
     until_s = PROBE_START_S + searched.probed_virtual_s
     fleet = FleetConfig(

@@ -472,6 +472,7 @@ def _engine_json(model: ModelKnee) -> dict[str, Any]:
         "max_batch_seen": _num(fit.max_batch),
         "tpot_residual_ratio": _num(fit.residual_ratio),
         "prefill": check.prefill.name.lower(),
+        "first_turn_prefill": _first_turn_json(model),
         "check": {
             "load_rps": _num(check.load_rps),
             "observed_attainment_ratio": _num(check.observed_attainment_ratio),
@@ -484,6 +485,17 @@ def _engine_json(model: ModelKnee) -> dict[str, Any]:
         },
         "summary": model.summary(),
         "fit_summary": fit.summary(),
+    }
+
+
+def _first_turn_json(model: ModelKnee) -> dict[str, Any] | None:
+    measured = model.first_turn_prefill
+    if measured is None:
+        return None
+    return {
+        "per_token_s": measured.per_token_s,
+        "interval": [_num(v) for v in measured.interval(model.confidence_ratio)],
+        "first_turns": measured.first_turns,
     }
 
 

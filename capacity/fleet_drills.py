@@ -146,7 +146,7 @@ def model_fleet(table: FailureTable, *, hosts: int, model: ModelKnee) -> DrillFl
     """The table's candidate of `hosts` hosts (grown or shrunk from today's layout) running
     the fitted engine `model` on the pool's request shapes and router."""
     return DrillFleet(
-        engine=engine_params(model.step, limits=model.limits),
+        engine=engine_params(model.step, limits=model.limits, mix=model.mix),
         topology=topology(
             _footprint(table, hosts),
             replicas_per_host=table.spec.replicas_per_host,

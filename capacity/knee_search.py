@@ -2,11 +2,13 @@
 
 The fitted step time (engine_fit.py) runs in the emulator's continuous-batching engine, fed the
 request shapes the pool served (prompt and answer lengths drawn jointly, with replacement) as a
-Poisson stream, on the pool's own replica count behind its router; the emulator's capacity
-search (emulator/ground_truth.py) bisects on the rate per replica for the largest one at which
-`target_ratio` of requests meet both limits. The limits on the engine the spans cannot show
-(sequences per step, the token budget per step, KV blocks) are the engine's defaults unless
-the requirement or the scrape states them; the largest batch seen is reported as a lower bound.
+Poisson stream, or, when the requests name their conversations, those conversations turn by
+turn through the engine's prefix cache, on the pool's own replica count behind its router; the
+emulator's capacity search (emulator/ground_truth.py) bisects on the rate per replica for the
+largest one at which `target_ratio` of requests meet both limits. The limits on the engine the
+spans cannot show (sequences per step, the token budget per step, KV blocks) are the engine's
+defaults unless the requirement or the scrape states them; the largest batch seen is reported
+as a lower bound.
 
 What the engine model leaves out, the fleet's own latencies show: a request's TTFT also holds
 time outside the engine's steps (the HTTP server, tokenization, the router). The model is run at
@@ -29,13 +31,20 @@ from enum import Enum
 import polars as pl
 
 from capacity.bootstrap import outward_interval
+from capacity.conversation_turns import conversation_turns
 from capacity.engine_fit import EngineFit, StepTime
 from capacity.figure import fmt
 from capacity.parallel import Mapper, serial_map
+from capacity.prefill_fit import PrefillFit, fit_first_turn_prefill
 from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import PROBE_START_S, capacity_at_slo, meets_slo
+from emulator.ground_truth import (
+    PROBE_START_S,
+    capacity_at_slo,
+    conversation_warmup_s,
+    meets_slo,
+)
 from emulator.records import FinishedRequests
 from emulator.sampled_workload import SampledMix
 from emulator.workload import WorkloadSpec
@@ -50,6 +59,9 @@ RESAMPLE_GROWTH_RATIO = 1.15
 # nearer the observed by more than this (simulation noise at CHECK_REQUESTS is about 0.5%).
 CHECK_MARGIN_RATIO = 0.01
 MIN_HIT_RATIO = 0.05
+# Conversations are replayed when at least this share of the served requests follow up an
+# earlier turn of theirs; below it a workload is single-turn for the cache's purposes.
+MIN_FOLLOW_UP_RATIO = 0.05
 # The engine model's own error, which no resample of the data shows: simulators of a fitted
 # engine reach 7-9% against real vLLM (Vidur, BLIS); this model, with a step time fitted from
 # spans, is off by up to about 13% on emulated fleets of known capacity (docs/capacity.md).
@@ -84,6 +96,10 @@ class PrefillShape(Enum):
 
     SERVED = "served prompt tokens at the fitted cost per token"
     FROM_TTFT = "each request's own prefill time, from its TTFT, at the cost per uncached token"
+    CONVERSATIONS = (
+        "the recorded conversations replayed turn by turn, the engine's prefix cache deciding "
+        "the hits, at the cost per uncached token"
+    )
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,7 @@ class ModelKnee:
     # What a drill of this engine needs besides `step`: the requests searched, the limits.
     mix: SampledMix
     limits: EngineParams
+    first_turn_prefill: PrefillFit | None = None  # the replay's prefill cost, when measured
 
     def summary(self) -> str:
         return (
@@ -149,6 +166,7 @@ class ModelKnee:
             f"{fmt(self.bootstrap_low_rps)} to "
             f"{fmt(self.bootstrap_high_rps)}, widened by the model's own "
             f"{MODEL_ERROR_RATIO:.0%}{self._cache_lost_text()}); {self.check.summary()}"
+            + ("" if self.first_turn_prefill is None else f"; {self.first_turn_prefill.summary()}")
         )
 
     def _cache_lost_text(self) -> str:
@@ -161,15 +179,16 @@ class ModelKnee:
         )
 
 
-def engine_params(step: StepTime, *, limits: EngineParams) -> EngineParams:
+def engine_params(step: StepTime, *, limits: EngineParams, mix: SampledMix) -> EngineParams:
     """The emulator's engine with the fitted step time and the stated (or default) limits;
-    the cache is off because the replayed prefill work already counts the hits."""
+    the cache is on only for a replay of conversations: a replay of shapes already counts the
+    hits in its prefill work."""
     return replace(
         limits,
         step_base_s=step.base_s,
         step_per_seq_s=step.per_seq_s,
         step_per_prefill_token_s=step.per_prefill_token_s,
-        enable_prefix_caching=False,
+        enable_prefix_caching=mix.replays_prefixes,
     )
 
 
@@ -181,6 +200,8 @@ class Replay:
     mix: SampledMix
     step: StepTime
     resampled: tuple[StepTime, ...]
+    # Where the step's prefill cost came from, when first turns measured it (CONVERSATIONS).
+    first_turn_prefill: PrefillFit | None = None
 
 
 def _shapes(frame: pl.DataFrame, prompt: pl.Expr, *, seed: int) -> SampledMix:
@@ -193,12 +214,79 @@ def _shapes(frame: pl.DataFrame, prompt: pl.Expr, *, seed: int) -> SampledMix:
     return SampledMix(tuple((int(p), int(c)) for p, c in shapes.iter_rows()))
 
 
+def _conversations(
+    frame: pl.DataFrame, *, seed: int
+) -> tuple[tuple[tuple[int, int, float], ...], ...]:
+    """The conversations of `frame` (served requests) begun inside it, each its turns in
+    arrival order as (prompt, completion tokens, think time s after the turn before); none
+    when fewer than `MIN_FOLLOW_UP_RATIO` of the requests follow up an earlier turn."""
+    turns = conversation_turns(frame)
+    if not _has_follow_ups(turns, requests=frame.height):
+        return ()
+    grouped = turns.group_by("conversation_id", maintain_order=True).agg(
+        pl.col("prompt_tokens").clip(lower_bound=1),
+        pl.col("completion_tokens").fill_null(1).clip(lower_bound=1),
+        pl.col("think_s"),
+    )
+    if grouped.height > MAX_SHAPES:
+        grouped = grouped.sample(MAX_SHAPES, seed=seed).sort("conversation_id")
+    return tuple(
+        tuple(zip(prompts, completions, thinks, strict=True))
+        for prompts, completions, thinks in grouped.select(
+            "prompt_tokens", "completion_tokens", "think_s"
+        ).iter_rows()
+    )
+
+
 def _uncached(step: StepTime, *, hit_ratio: float | None) -> StepTime | None:
     """The step time per uncached prompt token, from the fitted cost per served token and a
     measured hit ratio; None when no usable hit ratio was measured."""
     if hit_ratio is None or not MIN_HIT_RATIO <= hit_ratio < 1.0:
         return None
     return replace(step, per_prefill_token_s=step.per_prefill_token_s / (1.0 - hit_ratio))
+
+
+def _conversation_replay(
+    fit: EngineFit,
+    served: pl.DataFrame,
+    *,
+    shapes: SampledMix,
+    conversations: tuple[tuple[tuple[int, int, float], ...], ...],
+    seed: int,
+) -> Replay:
+    """The conversations replayed at the cost per uncached token: measured on first turns
+    when there are enough, else the fitted cost (per computed token: `replays`)."""
+    mix = replace(shapes, conversations=conversations)
+    first_turns = fit_first_turn_prefill(served, seed=seed, resamples=len(fit.resampled))
+    if first_turns is not None:
+        costs = first_turns.resampled or (first_turns.per_token_s,)
+        return Replay(
+            PrefillShape.CONVERSATIONS,
+            mix,
+            replace(fit.step, per_prefill_token_s=first_turns.per_token_s),
+            tuple(
+                replace(s, per_prefill_token_s=costs[i % len(costs)])
+                for i, s in enumerate(fit.resampled)
+            ),
+            first_turns,
+        )
+    return Replay(PrefillShape.CONVERSATIONS, mix, fit.step, fit.resampled)
+
+
+def _served(requests: pl.DataFrame) -> pl.DataFrame:
+    return requests.filter(
+        pl.col("ok").fill_null(value=False) & pl.col("ttft_s").is_not_null()
+    ).with_columns(pl.col("prompt_tokens").fill_null(1))
+
+
+def replays_conversations(requests: pl.DataFrame) -> bool:
+    """Whether `replays` replays the conversations of `requests` (one pool's), so the engine
+    fit should count each prompt's computed tokens (conversation_turns.py), not its served."""
+    return _has_follow_ups(conversation_turns(_served(requests)), requests=requests.height)
+
+
+def _has_follow_ups(turns: pl.DataFrame, *, requests: int) -> bool:
+    return bool((turns.get_column("turn") > 0).sum() >= MIN_FOLLOW_UP_RATIO * max(requests, 1))
 
 
 def replays(
@@ -212,18 +300,22 @@ def replays(
     and a request's uncached tokens are its TTFT less the step it was prefilled in, at that
     cost, within its prompt. That keeps the long uncached prompts (a conversation that moved
     replica) that a mean hides, and that miss the TTFT limit at any load.
+
+    When the requests name their conversations and enough of them follow up an earlier turn
+    (`replays_conversations`), the conversations are the one replay: with the engine's prefix
+    cache on, at the cost per uncached token measured on their first turns (else the fitted
+    one, which `fit` then measured per computed token), so the hits fall as the router
+    spreads conversations.
     """
-    served = requests.filter(
-        pl.col("ok").fill_null(value=False) & pl.col("ttft_s").is_not_null()
-    ).with_columns(pl.col("prompt_tokens").fill_null(1))
-    found = [
-        Replay(
-            PrefillShape.SERVED,
-            _shapes(served, pl.col("prompt_tokens"), seed=seed),
-            fit.step,
-            fit.resampled,
+    served = _served(requests)
+    shapes = _shapes(served, pl.col("prompt_tokens"), seed=seed)
+    conversations = _conversations(served, seed=seed)
+    if conversations:
+        replay = _conversation_replay(
+            fit, served, shapes=shapes, conversations=conversations, seed=seed
         )
-    ]
+        return (replay,)
+    found = [Replay(PrefillShape.SERVED, shapes, fit.step, fit.resampled)]
     step = _uncached(fit.step, hit_ratio=hit_ratio)
     if step is not None and step.per_prefill_token_s > 0:
         in_step_s = step.step_s(sequences=fit.mean_batch + 1.0)
@@ -292,11 +384,11 @@ def check_model(
     `observed` (the pool's requests, failed ones included, and their attainment)."""
     total_rps = load_rps * spec.replicas
     window_s = CHECK_REQUESTS / total_rps
-    from_s = PROBE_START_S + 0.1 * window_s
+    from_s = PROBE_START_S + max(0.1 * window_s, conversation_warmup_s(replay.mix))
     to_s = from_s + window_s
     collect = FinishedRequests(from_s=from_s)
     open_slo = SloSpec(ttft_s=UNLIMITED_S, tpot_s=UNLIMITED_S, target_ratio=spec.target_ratio)
-    engine = engine_params(replay.step, limits=spec.limits)
+    engine = engine_params(replay.step, limits=spec.limits, mix=replay.mix)
     sim = FleetSimulation(
         _fleet(engine, spec, open_slo),
         observer=collect,
@@ -349,7 +441,7 @@ def _search(
     slo = _slo(spec, ttft_offset_s=ttft_offset_s)
     if slo is None:
         return 0.0, 0.0  # the time outside the engine alone exceeds the TTFT limit
-    engine = engine_params(step, limits=spec.limits)
+    engine = engine_params(step, limits=spec.limits, mix=mix)
     found = capacity_at_slo(
         engine,
         mix,
@@ -461,9 +553,11 @@ def search_knee(
     low, high = outward_interval(knees, spec.confidence_ratio) if knees else (knee, knee)
     cache_lost = cache_lost_replay = None
     uncached = _uncached(fit.step, hit_ratio=hit_ratio)
-    if spec.router is RouterPolicy.PREFIX_AFFINITY and uncached is not None:
+    # A replay of conversations loses its hits itself, as its router spreads them.
+    served = next((r for r, _ in checked if r.prefill is PrefillShape.SERVED), None)
+    if spec.router is RouterPolicy.PREFIX_AFFINITY and uncached is not None and served:
         # The served prompts, every token now prefilled.
-        cache_lost_replay = Replay(PrefillShape.SERVED, checked[0][0].mix, uncached, ())
+        cache_lost_replay = Replay(PrefillShape.SERVED, served.mix, uncached, ())
         cache_lost, cache_lost_s = _search(
             uncached,
             cache_lost_replay.mix,
@@ -493,4 +587,5 @@ def search_knee(
         probed_virtual_s=probed_s,
         mix=replay.mix,
         limits=spec.limits,
+        first_turn_prefill=replay.first_turn_prefill,
     )

@@ -34,9 +34,10 @@ from capacity.attainment_fit import (
     request_outcomes,
 )
 from capacity.capacity_fit import LoadUnit
+from capacity.conversation_turns import without_continued_prefix
 from capacity.engine_fit import fit_engine, sampled_decode_steps
 from capacity.figure import Figure, fmt, measured
-from capacity.knee_search import KneeSearchSpec, ModelKnee, search_knee
+from capacity.knee_search import KneeSearchSpec, ModelKnee, replays_conversations, search_knee
 from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
 from capacity.parallel import Mapper, serial_map
 from capacity.requirement import Requirement
@@ -450,7 +451,10 @@ def _engine_model(
         if queries:
             hit_ratio = float(hits) / float(queries)
     try:
-        steps, fitted_on = sampled_decode_steps(requests)
+        # Replayed conversations run through a prefix cache: the fit's prefill cost must then
+        # be per token computed, not per token served with the hits among them.
+        fitted = without_continued_prefix(requests) if replays_conversations(requests) else requests
+        steps, fitted_on = sampled_decode_steps(fitted)
         engine = fit_engine(
             steps, seed=spec.seed, resamples=settings.resamples, source=f"{data}; {fitted_on}"
         )

@@ -62,6 +62,8 @@ class SpanMapping:
     model_keys: tuple[str, ...] = ("gen_ai.response.model", "gen_ai.request.model")
     pool_keys: tuple[str, ...] = ("servewatch.pool",)
     tenant_keys: tuple[str, ...] = ("servewatch.tenant", "tenant.id", "gen_ai.user.id")
+    # The OpenTelemetry GenAI name, then the general session id a gateway may set instead.
+    conversation_keys: tuple[str, ...] = ("gen_ai.conversation.id", "session.id")
 
     @property
     def dimension_keys(self) -> tuple[tuple[str, ...], ...]:
@@ -73,6 +75,7 @@ class SpanMapping:
             self.model_keys,
             self.pool_keys,
             self.tenant_keys,
+            self.conversation_keys,
         )
 
     def lookup(self, span: Span, keys: Sequence[str]) -> str | None:
@@ -83,7 +86,8 @@ class SpanMapping:
         return None
 
 
-DIMENSIONS = ("replica", "host", "zone", "model", "pool", "tenant")
+# The request's dimensions, and the conversation it belongs to, found the same way.
+DIMENSIONS = ("replica", "host", "zone", "model", "pool", "tenant", "conversation_id")
 
 
 def _first(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> str | None:
@@ -295,7 +299,7 @@ class RequestRows:
                 trace_id,
                 span_id,
                 request_id if request_id is None or type(request_id) is str else str(request_id),
-                *resource_dimensions,  # the six dimensions, then emulated
+                *resource_dimensions,  # the dimensions and conversation, then emulated
                 status_code != STATUS_ERROR and error_type is None,
                 None if error_type is None else str(error_type),
                 prompt_tokens,

@@ -70,6 +70,7 @@ class InlineFixtureFiles:
         placements: Iterable[ReplicaPlacement],
         seed: int,
         spans_per_line: int,
+        conversation_ids: bool = False,
     ) -> None:
         self.settings = settings
         self.compresslevel = compresslevel
@@ -78,7 +79,11 @@ class InlineFixtureFiles:
             spans_path, mode="wb", compresslevel=compresslevel, mtime=0
         )
         self.spans: JsonLinesSpanOutput = jsonl_span_output(
-            placements, _Utf8Lines(self._spans_file), seed=seed, spans_per_line=spans_per_line
+            placements,
+            _Utf8Lines(self._spans_file),
+            seed=seed,
+            spans_per_line=spans_per_line,
+            conversation_ids=conversation_ids,
         )
 
     def page(self, path: Path | bytes, data: bytes) -> None:
@@ -135,7 +140,7 @@ class _ForwardedSpans:
     def __init__(self, files: FixtureFiles, placements: Iterable[ReplicaPlacement]) -> None:
         self._files = files
         self._known = {p.replica for p in placements}
-        # Span fields (11 values) and event fields (6), in the order they happened.
+        # Span fields (12 values) and event fields (6), in the order they happened.
         self._batch: list[SpanFields | _EventFields] = []
         self.spans_emitted = 0
 
@@ -179,6 +184,7 @@ class FixtureFiles:
         placements: Iterable[ReplicaPlacement],
         seed: int,
         spans_per_line: int,
+        conversation_ids: bool = False,
     ) -> None:
         placement_list = list(placements)
         package_root = str(Path(__file__).resolve().parents[1])
@@ -211,6 +217,7 @@ class FixtureFiles:
             "placements": [dataclasses.asdict(p) for p in placement_list],
             "seed": seed,
             "spans_per_line": spans_per_line,
+            "conversation_ids": conversation_ids,
         }
         self.send(_SETUP, b"", json.dumps(setup).encode())
 
@@ -285,6 +292,7 @@ def _serve(stream: IO[bytes]) -> None:
         placements=[ReplicaPlacement(**p) for p in setup["placements"]],
         seed=setup["seed"],
         spans_per_line=setup["spans_per_line"],
+        conversation_ids=setup["conversation_ids"],
     )
     spans = files.spans
     for kind, path, data in items:

@@ -181,6 +181,7 @@ class FixtureWriter:
         spans_per_line: int = 512,
         compresslevel: int = 3,
         background: bool = True,
+        conversation_ids: bool = False,
     ) -> None:
         if not (scrape_interval_s > 0 and math.isfinite(scrape_interval_s)):
             raise FixtureError(
@@ -223,6 +224,7 @@ class FixtureWriter:
             placements=self.placement_list,
             seed=seed,
             spans_per_line=spans_per_line,
+            conversation_ids=conversation_ids,
         )
         self.spans: SpanSink = self._files.spans
         # The observer's engine_steps is the vLLM metrics' own (DCGM and spans ignore steps):
@@ -388,6 +390,7 @@ def record_fleet(
         scrape_interval_s=scrape_interval_s,
         engine=EngineSettings.from_engine(config.engine),
         seed=seed,
+        conversation_ids=config.conversation_ids,
     )
     simulation = FleetSimulation(config, observer=writer, seed=seed, start_s=start_s)
     return record_fixture(

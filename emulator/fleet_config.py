@@ -201,6 +201,8 @@ class FleetConfig:
     failures: tuple[FailureSpec, ...] = ()
     slo: SloSpec = field(default_factory=SloSpec)
     admission: AdmissionSpec | None = None  # None: the gateway admits everything
+    # The gateway names each request's conversation on its span (gen_ai.conversation.id).
+    conversation_ids: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -557,6 +559,11 @@ def fleet_config_from_mapping(
         tpot = st.number("tpot_s", slo.tpot_s)
         target = st.number("target_ratio", slo.target_ratio)
         slo = st.build(lambda: SloSpec(ttft, tpot, target))
+    conversation_ids = False
+    gt = root.table("gateway")
+    if gt is not None:
+        conversation_ids = gt.flag("conversation_ids", default=False)
+        gt.done()
     return root.build(
         lambda: FleetConfig(
             model=model,
@@ -567,6 +574,7 @@ def fleet_config_from_mapping(
             workload=workload,
             failures=failures,
             slo=slo,
+            conversation_ids=conversation_ids,
         )
     )
 

@@ -128,11 +128,24 @@ def request_lifetime_s(
     """How long a mean request lasts at most while it meets the SLO: its TTFT limit and its
     answer at the TPOT limit (or at a full batch's step time, when that is shorter)."""
     if isinstance(workload, SampledMix):
-        completion = sum(c for _, c in workload.shapes) / len(workload.shapes)
+        completion = workload.completion_tokens_mean
     else:
         completion = workload.output_tokens.typical()
     full_step_s = engine.step_base_s + engine.step_per_seq_s * engine.max_num_seqs
     return min(slo.ttft_s, MAX_TTFT_S) + max(completion - 1.0, 0.0) * min(slo.tpot_s, full_step_s)
+
+
+def conversation_warmup_s(workload: WorkloadSpec | SampledMix) -> float:
+    """The least warm-up before judging `workload`, 0 without follow-up turns, else
+    `CONVERSATION_WARMUP_S`, or longer when most recorded conversations take longer from
+    their first turn to their last. Not shorter when they are quick: the prefix cache fills
+    with their histories and starts evicting only after a while, and a warm-up of one
+    conversation's length judged an 8B fleet behind prefix affinity at +50%."""
+    if isinstance(workload, WorkloadSpec):
+        return CONVERSATION_WARMUP_S if workload.conversation.turns_mean > 1.0 else 0.0
+    if workload.turns_mean > 1.0:
+        return max(CONVERSATION_WARMUP_S, workload.think_s_p90)
+    return 0.0
 
 
 def attainment_at(
@@ -150,9 +163,10 @@ def attainment_at(
     with `fleet`, its topology and router at `rate_rps` per replica, all replicas judged.
 
     `workload` is a synthetic mix, or shapes sampled from served requests (a capacity model's
-    replay). The warm-up is `warmup_ratio` of the judged window, and at least
-    `CONVERSATION_WARMUP_S` when conversations have follow-up turns, which arrive a think
-    time after earlier turns and so take a while to reach their steady share of the load.
+    replay, or the conversations they made). The warm-up is `warmup_ratio` of the judged
+    window, and at least `conversation_warmup_s` when conversations have follow-up turns, which
+    arrive a think time after earlier turns and so take a while to reach their steady share of
+    the load.
     Requests still unfinished when the judged ones should long have drained (the window
     again, at least 120 s, after the last arrival) count as missing the SLO.
     """
@@ -167,8 +181,7 @@ def attainment_at(
     settle_s = SETTLE_LIFETIMES * request_lifetime_s(engine, workload, slo)
     window_s = max(requests / total_rps, settle_s)
     warmup_s = max(warmup_ratio * window_s, settle_s)
-    if isinstance(workload, WorkloadSpec) and workload.conversation.turns_mean > 1.0:
-        warmup_s = max(warmup_s, CONVERSATION_WARMUP_S)
+    warmup_s = max(warmup_s, conversation_warmup_s(workload))
     from_s = PROBE_START_S + warmup_s
     to_s = from_s + window_s
     source: RequestSource

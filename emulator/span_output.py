@@ -11,7 +11,8 @@ Each replica process is one OpenTelemetry resource: `service.name=vllm`, `vllm.p
 (new after every restart), `host.name`, and the keys servewatch's ingest reads
 (`servewatch.replica`, `servewatch.zone`, `servewatch.pool`), plus `servewatch.emulated=true`.
 A tenant, when the workload has one, is a span attribute `servewatch.tenant`, as a gateway in
-front of vLLM would add.
+front of vLLM would add; so is the conversation (`gen_ai.conversation.id`), when the fleet's
+gateway is set to name it (`conversation_ids`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from emulator.request_span import NS_PER_S, SPAN_NAME, RequestTiming, request_sp
 
 EMULATED_ATTRIBUTE = "servewatch.emulated"
 TENANT_ATTRIBUTE = "servewatch.tenant"
+CONVERSATION_ATTRIBUTE = "gen_ai.conversation.id"
 SCOPE = InstrumentationScope("vllm.llm_engine")
 FIRST_PROCESS_ID = 4096
 
@@ -146,8 +148,10 @@ class SpanOutput:
         processor: SpanProcessor,
         *,
         id_generator: IdGenerator | None = None,
+        conversation_ids: bool = False,
     ) -> None:
         self.placements = {p.replica: p for p in placements}
+        self._conversation_ids = conversation_ids
         self._processor = processor
         self._ids = id_generator or RandomIdGenerator()
         self._next_process_id = FIRST_PROCESS_ID
@@ -180,9 +184,9 @@ class SpanOutput:
             is_remote=False,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
-        extra: dict[str, AttributeValue] | None = None
-        if record.tenant is not None:
-            extra = {TENANT_ATTRIBUTE: record.tenant}
+        extra = _gateway_attributes(
+            record.tenant, record.conversation_id if self._conversation_ids else None
+        )
         span = request_span(
             request_timing(record, model=self._models.get(record.replica, placement.model)),
             context=context,
@@ -224,13 +228,29 @@ def _string_attribute(key: str) -> str:
     return key_prefix(key) + '"stringValue":'
 
 
-SpanFields = tuple[str, str, str | None, float, float, float, float, int, int, int, FinishedReason]
+SpanFields = tuple[
+    str, str, str | None, str | None, float, float, float, float, int, int, int, FinishedReason
+]
 """What a request's span is made of: `span_fields(record)`."""
 _SPAN_FIELD_NAMES = (
-    "replica", "request_id", "tenant", "arrival_s", "queue_s", "prefill_s", "decode_s",
-    "prompt_tokens", "completion_tokens", "max_tokens", "finished_reason",
+    "replica", "request_id", "tenant", "conversation_id", "arrival_s", "queue_s", "prefill_s",
+    "decode_s", "prompt_tokens", "completion_tokens", "max_tokens", "finished_reason",
 )  # fmt: skip
 _span_fields = operator.attrgetter(*_SPAN_FIELD_NAMES)
+
+
+def _gateway_attributes(
+    tenant: str | None, conversation_id: str | None
+) -> dict[str, AttributeValue] | None:
+    """What a gateway adds to the span: the tenant, then the conversation, when known."""
+    if tenant is None and conversation_id is None:
+        return None
+    extra: dict[str, AttributeValue] = {}
+    if tenant is not None:
+        extra[TENANT_ATTRIBUTE] = tenant
+    if conversation_id is not None:
+        extra[CONVERSATION_ATTRIBUTE] = conversation_id
+    return extra
 
 
 def span_fields(record: FinishedRequest) -> SpanFields:
@@ -264,6 +284,7 @@ _MODEL = _string_attribute("gen_ai.response.model")
 _MAX_TOKENS = _int_attribute("gen_ai.request.max_tokens")
 _ERROR_TYPE = _string_attribute("error.type")
 _TENANT = _string_attribute(TENANT_ATTRIBUTE)
+_CONVERSATION = _string_attribute(CONVERSATION_ATTRIBUTE)
 _FLAGS = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE, which the SDK always sets
 
 
@@ -287,11 +308,14 @@ class JsonLinesSpanOutput(SpanOutput):
         *,
         seed: int,
         spans_per_line: int = 512,
+        conversation_ids: bool = False,
     ) -> None:
         if spans_per_line < 1:
             raise ValueError(f"spans_per_line must be at least 1, got {spans_per_line}")
         ids = SeededIdGenerator(seed)
-        super().__init__(placements, _NoProcessor(), id_generator=ids)
+        super().__init__(
+            placements, _NoProcessor(), id_generator=ids, conversation_ids=conversation_ids
+        )
         self._rng = ids.rng
         self._stream = stream
         self._spans_per_line = spans_per_line
@@ -314,6 +338,13 @@ class JsonLinesSpanOutput(SpanOutput):
     def request_finished(self, record: FinishedRequest) -> None:
         self.request_fields(span_fields(record))
 
+    def _gateway_text(self, tenant: str | None, conversation_id: str | None) -> str:
+        """The attributes `_gateway_attributes` gives, as span text after the engine's."""
+        text = "" if tenant is None else f",{_TENANT}{self._quote(tenant)}}}}}"
+        if conversation_id is not None:
+            text += f",{_CONVERSATION}{json_string(conversation_id)}}}}}"
+        return text
+
     def request_fields(self, fields: SpanFields) -> None:
         """`request_finished` for the record's `span_fields` (what crosses to a helper
         process: a tuple pickles far faster than the record)."""
@@ -321,6 +352,7 @@ class JsonLinesSpanOutput(SpanOutput):
             replica,
             request_id,
             tenant,
+            conversation_id,
             arrival_s,
             queue_s,
             prefill_s,
@@ -334,6 +366,7 @@ class JsonLinesSpanOutput(SpanOutput):
         if resource is None:
             self._placement(replica)  # raises the unknown-replica error
             return
+        conversation_id = conversation_id if self._conversation_ids else None
         entry = self._entry.get(replica)
         if entry is None or entry[0] is not resource:
             model = self._models.get(replica) or self.placements[replica].model
@@ -376,14 +409,16 @@ class JsonLinesSpanOutput(SpanOutput):
                 if failed:
                     quoted = self._quote(reason.value)
                     text += f",{_ERROR_TYPE}{quoted}}}}}"
-                if tenant is not None:
-                    text += f",{_TENANT}{self._quote(tenant)}}}}}"
+                if tenant is not None or conversation_id is not None:
+                    text += self._gateway_text(tenant, conversation_id)
                 if failed:
                     text += f'],"status":{{"message":{quoted},"code":2}},"flags":{_FLAGS}}}'
                 else:
                     text += f'],"status":{{}},"flags":{_FLAGS}}}'
         if text is None:
-            text = _sdk_span_text(fields, entry[3], trace_id, span_id, resource)
+            text = _sdk_span_text(
+                fields, entry[3], trace_id, span_id, resource, conversation_id=conversation_id
+            )
         group = self._pending.get(entry[1])
         if group is None:
             self._pending[entry[1]] = [text]
@@ -423,14 +458,32 @@ class _NoProcessor(SpanProcessor):
 
 
 def _sdk_span_text(
-    fields: SpanFields, model: str, trace_id: int, span_id: int, resource: Resource
+    fields: SpanFields,
+    model: str,
+    trace_id: int,
+    span_id: int,
+    resource: Resource,
+    *,
+    conversation_id: str | None,
 ) -> str:
-    """One span's text through the SDK span and the general encoder."""
-    replica, request_id, tenant, arrival, queue, prefill, decode, prompt, completion, most, why = (
-        fields
-    )
+    """One span's text through the SDK span and the general encoder; `conversation_id` is
+    the one to write (None when the output does not name conversations)."""
+    (
+        replica,
+        request_id,
+        tenant,
+        _,
+        arrival,
+        queue,
+        prefill,
+        decode,
+        prompt,
+        completion,
+        most,
+        why,
+    ) = fields
     record = FinishedRequest(
-        replica, request_id, None, tenant, arrival, queue, prefill, decode, prompt, 0,
+        replica, request_id, conversation_id, tenant, arrival, queue, prefill, decode, prompt, 0,
         completion, most, why,
     )  # fmt: skip
     context = SpanContext(
@@ -439,9 +492,7 @@ def _sdk_span_text(
         is_remote=False,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
-    extra: dict[str, AttributeValue] | None = None
-    if tenant is not None:
-        extra = {TENANT_ATTRIBUTE: tenant}
+    extra = _gateway_attributes(tenant, conversation_id)
     span = request_span(
         request_timing(record, model=model),
         context=context,
@@ -464,9 +515,17 @@ def jsonl_span_output(
     *,
     seed: int,
     spans_per_line: int = 512,
+    conversation_ids: bool = False,
 ) -> JsonLinesSpanOutput:
-    """Fixture mode: spans as OTLP JSON lines on `stream`, `spans_per_line` per line."""
-    return JsonLinesSpanOutput(placements, stream, seed=seed, spans_per_line=spans_per_line)
+    """Fixture mode: spans as OTLP JSON lines on `stream`, `spans_per_line` per line; with
+    `conversation_ids`, each names its conversation as a gateway would."""
+    return JsonLinesSpanOutput(
+        placements,
+        stream,
+        seed=seed,
+        spans_per_line=spans_per_line,
+        conversation_ids=conversation_ids,
+    )
 
 
 def otlp_http_span_output(
@@ -477,9 +536,11 @@ def otlp_http_span_output(
     max_queue_size: int = 65536,
     schedule_delay_ms: float = 500.0,
     id_generator: IdGenerator | None = None,
+    conversation_ids: bool = False,
 ) -> SpanOutput:
     """Live mode: spans sent with the SDK's OTLP/HTTP (protobuf) exporter to `endpoint`
-    (the full URL, e.g. http://127.0.0.1:4318/v1/traces).
+    (the full URL, e.g. http://127.0.0.1:4318/v1/traces); with `conversation_ids`, each
+    names its conversation as a gateway would.
 
     The queue is far larger than the SDK's default of 2048, which drops spans under bursts.
     """
@@ -495,4 +556,6 @@ def otlp_http_span_output(
         schedule_delay_millis=schedule_delay_ms,
         max_export_batch_size=512,
     )
-    return SpanOutput(placements, processor, id_generator=id_generator)
+    return SpanOutput(
+        placements, processor, id_generator=id_generator, conversation_ids=conversation_ids
+    )

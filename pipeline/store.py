@@ -507,6 +507,15 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    Migration(
+        version=9,
+        description="requests.conversation_id: the conversation a request belongs to, when "
+        "its span names one (gen_ai.conversation.id), for replaying conversations",
+        statements=("ALTER TABLE requests ADD COLUMN conversation_id VARCHAR",),
+    ),
+)
+
 LATEST_VERSION = MIGRATIONS[-1].version
 CHECKPOINT_THRESHOLD = "64MB"
 

@@ -39,6 +39,8 @@ REQUESTS_SCHEMA = pl.Schema(
         "source": pl.String(),
         # Set by the store when the row is written; collectors leave it null.
         "ingested_ts": TIMESTAMP,
+        # The conversation (session, thread) a gateway or client named; null when none did.
+        "conversation_id": pl.String(),
     }
 )
 

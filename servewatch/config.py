@@ -188,6 +188,8 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         model_keys=mapping_section.strings("model_keys") or mapping_defaults.model_keys,
         pool_keys=mapping_section.strings("pool_keys") or mapping_defaults.pool_keys,
         tenant_keys=mapping_section.strings("tenant_keys") or mapping_defaults.tenant_keys,
+        conversation_keys=mapping_section.strings("conversation_keys")
+        or mapping_defaults.conversation_keys,
     )
     mapping_section.done()
     otlp = ReceiverConfig(

@@ -332,7 +332,11 @@ def _live_phase(
         # Every listener binds port 0 and is asked for its port afterwards: a port probed
         # free and bound later can be taken in between by anything else on the machine.
         service = Service(config_path)
-        spans = otlp_http_span_output(live_config.placements(), endpoint=service.receiver.endpoint)
+        spans = otlp_http_span_output(
+            live_config.placements(),
+            endpoint=service.receiver.endpoint,
+            conversation_ids=live_config.conversation_ids,
+        )
         server.spans = spans
         simulation = FleetSimulation(live_config, observer=server, seed=3, start_s=started)
         driver = threading.Thread(

@@ -64,7 +64,11 @@ def serve_emulated_fleet(
 ) -> None:
     """Serve the fleet on 127.0.0.1 at wall-clock time until `stop` is set."""
     spans = (
-        otlp_http_span_output(fleet.placements(), endpoint=otlp_endpoint) if otlp_endpoint else None
+        otlp_http_span_output(
+            fleet.placements(), endpoint=otlp_endpoint, conversation_ids=fleet.conversation_ids
+        )
+        if otlp_endpoint
+        else None
     )
     started = time.time()
     server = LiveFleetServer(

@@ -121,6 +121,7 @@ def served_frames(finished: list[FinishedRequest]) -> tuple[pl.DataFrame, pl.Dat
     requests = pl.DataFrame(
         {
             "request_id": [r.request_id for r in finished],
+            "conversation_id": [r.conversation_id for r in finished],
             "replica": [r.replica for r in finished],
             "pool": ["default"] * len(finished),
             "arrival_ts": [_ts(r.arrival_s) for r in finished],
@@ -129,6 +130,8 @@ def served_frames(finished: list[FinishedRequest]) -> tuple[pl.DataFrame, pl.Dat
             "prompt_tokens": [r.prompt_tokens for r in finished],
             "completion_tokens": [r.completion_tokens for r in finished],
             "ttft_s": [r.ttft_s for r in finished],
+            "queue_s": [r.queue_s for r in finished],
+            "prefill_s": [r.prefill_s for r in finished],
             "e2e_s": [r.e2e_s for r in finished],
             "decode_s": [r.decode_s for r in finished],
             "cached": [r.cached_prompt_tokens for r in finished],
@@ -161,8 +164,10 @@ class Outcome:
         return self.capacity.knee_low_load <= self.truth_rps <= self.capacity.knee_high_load
 
 
-def run_case(case: Case) -> Outcome:
-    """Simulate the case's fleet below its knee and fit its capacity from what it served."""
+def run_case(case: Case, *, conversation_ids: bool = True) -> Outcome:
+    """Simulate the case's fleet below its knee and fit its capacity from what it served;
+    the requests name their conversations (as a gateway would) unless `conversation_ids`
+    is False (as vLLM's own spans have it)."""
     config = case.config
     truth = fleet_capacity_for_config(config, seed=case.seed).capacity_rps
     rate_rps = case.load_ratio * truth * config.topology.replicas
@@ -176,6 +181,8 @@ def run_case(case: Case) -> Outcome:
     sim = FleetSimulation(running, observer=collect, seed=case.seed, start_s=START_S)
     sim.run_until(START_S + DURATION_S)
     requests, prefix = served_frames(collect.finished)
+    if not conversation_ids:
+        requests = requests.drop("conversation_id")
     slo = config.slo
     (capacity,), _ = pool_capacities(
         requests.lazy(),

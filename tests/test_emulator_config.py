@@ -70,10 +70,14 @@ def test_partial_tables_keep_the_other_defaults(tmp_path: Path) -> None:
         [workload.replay]
         path = "trace.jsonl"
         format = "mooncake"
+        [gateway]
+        conversation_ids = true
         """,
     )
     config = load_fleet_config(path)
     default = FleetConfig.default()
+    assert config.conversation_ids
+    assert not default.conversation_ids
     assert config.engine == replace(default.engine, max_num_seqs=64)
     assert config.router.policy is RouterPolicy.PREFIX_AFFINITY
     assert config.workload.output_tokens == replace(default.workload.output_tokens, median=300.0)
@@ -99,6 +103,8 @@ def test_partial_tables_keep_the_other_defaults(tmp_path: Path) -> None:
         ("[topology]\nzones = []\n", "topology.zones", "at least one zone"),
         ("[topology]\nzones = 'a'\n", "topology.zones", "list of strings"),
         ("[router]\npolicy = 'random'\n", "router.policy", "round_robin"),
+        ("[gateway]\nconversation_ids = 'yes'\n", "gateway.conversation_ids", "true or false"),
+        ("[gateway]\nsession_ids = true\n", "gateway.session_ids", "unknown key"),
         ("[workload.arrival]\nrate_rps = -2\n", "workload.arrival.rate_rps", ">= 0"),
         (
             "[workload.arrival]\nsteps = [{at_s = 5, rate_rps = 1}, {at_s = 1, rate_rps = 1}]\n",

@@ -102,14 +102,18 @@ def both_span_paths(
     records: list[FinishedRequest | ReplicaEvent],
     *,
     per_line: int,
+    conversation_ids: bool = False,
 ) -> tuple[str, str]:
     general, direct = io.StringIO(), io.StringIO()
     sdk = SpanOutput(
         placements,
         SyncBatchSpanProcessor(OtlpJsonLinesExporter(general), batch_size=per_line),
         id_generator=SeededIdGenerator(5),
+        conversation_ids=conversation_ids,
     )
-    fast = jsonl_span_output(placements, direct, seed=5, spans_per_line=per_line)
+    fast = jsonl_span_output(
+        placements, direct, seed=5, spans_per_line=per_line, conversation_ids=conversation_ids
+    )
     for output in (sdk, fast):
         for record in records:
             if isinstance(record, FinishedRequest):
@@ -175,6 +179,24 @@ def test_direct_span_lines_equal_the_sdk_encoders_for_odd_records(odd: dict[str,
     ]
     general, direct = both_span_paths(PLACEMENTS, records, per_line=3)
     assert direct == general
+
+
+@pytest.mark.parametrize("conversation_ids", [False, True])
+def test_spans_name_their_conversation_only_when_the_gateway_does(
+    *, conversation_ids: bool
+) -> None:
+    records: list[FinishedRequest | ReplicaEvent] = [
+        request(0, conversation_id="conv-\u2603", tenant="acme"),
+        request(1, conversation_id="conv-2"),
+        request(2, conversation_id="conv-3", queue_s=0),  # through the SDK encoder
+        request(3),
+    ]
+    general, direct = both_span_paths(
+        PLACEMENTS, records, per_line=2, conversation_ids=conversation_ids
+    )
+    assert direct == general
+    named = direct.count('"key":"gen_ai.conversation.id"')
+    assert named == (3 if conversation_ids else 0)
 
 
 def test_fast_vllm_page_is_prometheus_clients_encoding_for_large_and_odd_values() -> None:

@@ -56,6 +56,8 @@ VARIANTS: list[dict[str, Any]] = [
     {**BASE, "gen_ai.response.model": "m", "error.type": "timeout", "x.other": [1]},
     {**BASE, "gen_ai.request.max_tokens": 256, "gen_ai.request.id": 17},
     {**BASE, "servewatch.pool": ""},  # empty string: fall back to the resource
+    {**BASE, "gen_ai.conversation.id": "conv-7", "session.id": "s-1"},  # the GenAI name wins
+    {**BASE, "session.id": 99},  # a session id a gateway sent as a number
 ]
 
 
@@ -107,11 +109,13 @@ def test_fast_mapping_equals_full_decode_and_add() -> None:
         mapped = map_request_spans(body, rows, source="s")
         assert rows.to_frame().equals(expected_rows.to_frame())
         assert mapped.unusable == expected_unusable
-        assert [e.path for e in mapped.errors] == ["resourceSpans[0].scopeSpans[0].spans[14]"]
+        assert [e.path for e in mapped.errors] == ["resourceSpans[0].scopeSpans[0].spans[16]"]
         assert mapped.spans == len(VARIANTS) + 3
         assert mapped.request_spans == len(VARIANTS) + 1
-        assert len(rows) == 8  # four unusable variants, one missing TTFT, one ending early
+        assert len(rows) == 10  # four unusable variants, one missing TTFT, one ending early
         assert len(mapped.unusable) == 6
+        conversations = rows.to_frame().get_column("conversation_id").drop_nulls()
+        assert conversations.to_list() == ["conv-7", "99"]
 
 
 def test_recorded_json_line_decodes_to_the_same_spans() -> None:
