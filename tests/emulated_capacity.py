@@ -10,7 +10,9 @@ and replays in seconds:
   range that never nears the knee);
 - `unstable_cache`: multi-turn conversations routed by prefix affinity through the same ramp,
   with every replica restarted once (each restart empties its prefix cache and moves its
-  conversations), so the fleet's hit ratio swings from one ten-minute window to the next.
+  conversations), so the fleet's hit ratio swings from one ten-minute window to the next;
+- `low_conversations`: multi-turn conversations behind prefix affinity at a steady rate below
+  half the capacity, the gateway naming each request's conversation on its span.
 
 The manifest's ground truth is the emulator's own capacity search (emulator/ground_truth.py).
 """
@@ -47,6 +49,7 @@ ENGINE = EngineParams(step_base_s=0.02, step_per_seq_s=0.0004, step_per_prefill_
 TENANTS = (TenantSpec("chat", 3.0, 300), TenantSpec("api", 1.0, 0))
 RAMP_RPS_PER_REPLICA = (1.8, 2.4, 2.8, 3.0, 3.2, 3.4, 3.6, 3.8, 4.2)
 LOW_RPS_PER_REPLICA = 1.4
+LOW_CHAT_RPS_PER_REPLICA = 0.6
 
 
 def _topology() -> TopologySpec:
@@ -97,9 +100,29 @@ def unstable_cache_fleet() -> FleetConfig:
     )
 
 
-CASES = {"knee": knee_fleet, "low": low_fleet, "unstable_cache": unstable_cache_fleet}
+def low_conversations_fleet() -> FleetConfig:
+    conversation = ConversationSpec(
+        turns_mean=4.0, think_time_s=Distribution.lognormal(15.0, 0.5, max_value=120.0)
+    )
+    arrival = ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=LOW_CHAT_RPS_PER_REPLICA * REPLICAS)
+    return FleetConfig(
+        topology=_topology(),
+        engine=ENGINE,
+        router=RouterSpec(policy=RouterPolicy.PREFIX_AFFINITY),
+        workload=WorkloadSpec(arrival=arrival, conversation=conversation, tenants=TENANTS),
+        slo=SLO,
+        conversation_ids=True,
+    )
+
+
+CASES = {
+    "knee": knee_fleet,
+    "low": low_fleet,
+    "unstable_cache": unstable_cache_fleet,
+    "low_conversations": low_conversations_fleet,
+}
 RAMP_HOURS = len(RAMP_RPS_PER_REPLICA) * STEP_S / 3600
-HOURS = {"knee": RAMP_HOURS, "low": 0.5, "unstable_cache": RAMP_HOURS}
+HOURS = {"knee": RAMP_HOURS, "low": 0.5, "unstable_cache": RAMP_HOURS, "low_conversations": 0.5}
 
 
 def record_case(case: str, folder: Path) -> dict[str, Any]:

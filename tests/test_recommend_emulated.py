@@ -75,7 +75,8 @@ zones = ["zone-a", "zone-b", "zone-c"]
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("emulated-capacity")
-    return {case: replayed_case(case, root) for case in ("knee", "low", "unstable_cache")}
+    cases = ("knee", "low", "unstable_cache", "low_conversations")
+    return {case: replayed_case(case, root) for case in cases}
 
 
 def requirement(text: str) -> Requirement:
@@ -172,6 +173,31 @@ def test_below_half_the_knee_the_engine_model_finds_the_fleets_capacity(
     printed = json.loads(result.stdout)
     assert printed["capacity_fit"]["method"] == "engine model knee"
     assert "engine model knee" in out.read_text(encoding="utf-8")
+
+
+def test_conversations_named_on_the_spans_are_replayed_through_the_prefix_cache(
+    cases: dict[str, tuple[Path, dict[str, Any]]],
+) -> None:
+    # Recorded as OTLP JSON with gen_ai.conversation.id on every span, replayed into the store:
+    # the knee search replays those conversations behind the fleet's prefix-affinity router.
+    db, manifest = cases["low_conversations"]
+    fleet_truth = float(manifest["ground_truth"]["fleet_capacity_rps_per_replica"])
+    with Store.open(db) as store:
+        named = store.read_requests().select("conversation_id").collect()
+    assert named.get_column("conversation_id").null_count() == 0
+    text = RATE_REQUIREMENT.replace('router = "least_loaded"', 'router = "prefix_affinity"')
+    document = recommended(db, text).to_json()
+    (pool,) = document["capacity_by_pool"]
+    model = pool["engine_model"]
+    assert model["prefill"] == "conversations"
+    assert model["cache_lost_knee_rps"] is None  # the replay loses its hits itself
+    first_turns = model["first_turn_prefill"]
+    assert first_turns["per_token_s"] == pytest.approx(0.0002, rel=0.1)  # the engine's 5k/s
+    assert model["step_per_prefill_token_s"] == first_turns["per_token_s"]
+    fit = document["capacity_fit"]
+    assert fit["method"] == "engine model knee"
+    assert fit["knee_load"] == pytest.approx(fleet_truth, rel=0.15)
+    assert fit["knee_low_load"] <= fleet_truth <= fit["knee_high_load"]
 
 
 def test_an_unstable_cache_hit_ratio_is_the_riskiest_assumption(
