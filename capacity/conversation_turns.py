@@ -6,10 +6,12 @@ one conversation are its turns in arrival order: each turn's prompt holds the hi
 and a turn served on the replica of the turn before can find that history in its prefix cache.
 
 The data starts in the middle of some conversations: their first turn seen is a later one,
-with a long prompt and a history cached before the window. Those are left out: a conversation
-counts when its first turn arrived after most conversations would have run their course from
-the start of the data (the 90th percentile of a conversation's span, first arrival to last
-end), unless that leaves fewer than `MIN_CONVERSATIONS` (a short window keeps them all).
+with a long prompt and a history cached before the window. Where first turns must be first
+(prefill's cost is measured on them) those are left out: a conversation counts when its first
+turn arrived after most conversations would have run their course from the start of the data
+(the 90th percentile of a conversation's span, first arrival to last end), unless that leaves
+fewer than `MIN_CONVERSATIONS` (a short window keeps them all). A replay keeps them: their
+turns were load the fleet carried.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ MIN_CONVERSATIONS = 30
 _SECONDS = 1e6  # microseconds per second
 
 
-def conversation_turns(served: pl.DataFrame) -> pl.DataFrame:
+def conversation_turns(served: pl.DataFrame, *, begun_inside: bool = False) -> pl.DataFrame:
     """The turns of the conversations in `served` (requests with `conversation_id`,
     `arrival_ts`, `end_ts`): those rows in conversation and arrival order with `turn` (0 for
-    the first) and `think_s` (from the end of the turn before, 0 for the first), only for
-    conversations begun inside the data (module docstring). Empty without conversation ids."""
+    the first) and `think_s` (from the end of the turn before, 0 for the first); with
+    `begun_inside`, only for conversations begun inside the data (module docstring). Empty
+    without conversation ids."""
     if "conversation_id" not in served.columns:
         return served.clear().with_columns(turn=pl.lit(0, pl.UInt32), think_s=pl.lit(0.0))
     by = "conversation_id"
@@ -46,16 +49,16 @@ def conversation_turns(served: pl.DataFrame) -> pl.DataFrame:
         span_s=(pl.col("end_ts").max() - pl.col("arrival_ts").min()).dt.total_microseconds()
         / _SECONDS,
     )
-    if spans.height == 0:
+    if spans.height == 0 or not begun_inside:
         return turns
     lead_s = float(spans.get_column("span_s").quantile(0.9, interpolation="nearest") or 0.0)
     start = spans.get_column("begun").min()
-    begun_inside = spans.filter(
+    inside = spans.filter(
         pl.col("begun") >= pl.lit(start) + pl.duration(microseconds=round(lead_s * _SECONDS))
     )
-    if begun_inside.height < MIN_CONVERSATIONS:
+    if inside.height < MIN_CONVERSATIONS:
         return turns
-    return turns.join(begun_inside.select(by), on=by, how="semi", maintain_order="left")
+    return turns.join(inside.select(by), on=by, how="semi", maintain_order="left")
 
 
 def _continued_tokens() -> pl.Expr:

@@ -482,7 +482,10 @@ def _engine_json(model: ModelKnee) -> dict[str, Any]:
             "observed_tpot_p90_s": _num(check.observed_tpot_p90_s),
             "simulated_tpot_p90_s": _num(check.simulated_tpot_p90_s),
             "ttft_offset_s": _num(check.ttft_offset_s),
+            "simulated_hit_ratio": _num(check.simulated_hit_ratio),
+            "observed_hit_ratio": _num(check.observed_hit_ratio),
         },
+        "shared_prefix_tokens": model.mix.shared_prefix_tokens,
         "summary": model.summary(),
         "fit_summary": fit.summary(),
     }

@@ -62,6 +62,9 @@ MIN_HIT_RATIO = 0.05
 # Conversations are replayed when at least this share of the served requests follow up an
 # earlier turn of theirs; below it a workload is single-turn for the cache's purposes.
 MIN_FOLLOW_UP_RATIO = 0.05
+# A replay of conversations whose hit ratio falls short of the scraped one by more than this
+# gets a prefix all its conversations share (`_shared_prefix_tokens`).
+MIN_HIT_SHORTFALL = 0.01
 # The engine model's own error, which no resample of the data shows: simulators of a fitted
 # engine reach 7-9% against real vLLM (Vidur, BLIS); this model, with a step time fitted from
 # spans, is off by up to about 13% on emulated fleets of known capacity (docs/capacity.md).
@@ -117,15 +120,29 @@ class ModelCheck:
     observed_tpot_p90_s: float
     simulated_tpot_p90_s: float
     ttft_offset_s: float  # observed median TTFT less the model's, at least 0
+    # Prefix-cache hits over prompt tokens: the simulated engine's (a replay of conversations
+    # only) and the scraped counters' (when scraped).
+    simulated_hit_ratio: float | None = None
+    observed_hit_ratio: float | None = None
 
     def summary(self) -> str:
+        hits = (
+            ""
+            if self.simulated_hit_ratio is None
+            else f", prefix-cache hit ratio {self.simulated_hit_ratio:.1%}"
+            + (
+                ""
+                if self.observed_hit_ratio is None
+                else f" (observed {self.observed_hit_ratio:.1%})"
+            )
+        )
         return (
             f"prefill as {self.prefill.value}; at the observed {fmt(self.load_rps)} req/s per "
             f"replica the model meets the SLO for {self.simulated_attainment_ratio:.1%} of "
             f"requests (observed {self.observed_attainment_ratio:.1%}), p90 TTFT "
             f"{fmt(self.simulated_ttft_p90_s)} s (observed {fmt(self.observed_ttft_p90_s)}) and "
             f"p90 TPOT {fmt(self.simulated_tpot_p90_s)} s "
-            f"(observed {fmt(self.observed_tpot_p90_s)}); "
+            f"(observed {fmt(self.observed_tpot_p90_s)}){hits}; "
             f"TTFT outside the engine {fmt(self.ttft_offset_s)} s"
         )
 
@@ -379,9 +396,11 @@ def check_model(
     load_rps: float,
     observed_attainment_ratio: float,
     spec: KneeSearchSpec,
+    observed_hit_ratio: float | None = None,
 ) -> ModelCheck:
-    """Run `replay` at `load_rps` per replica and compare its latencies and attainment with
-    `observed` (the pool's requests, failed ones included, and their attainment)."""
+    """Run `replay` at `load_rps` per replica and compare its latencies, attainment and (for
+    a replay of conversations) prefix-cache hit ratio with `observed` (the pool's requests,
+    failed ones included, their attainment and the scraped hit ratio)."""
     total_rps = load_rps * spec.replicas
     window_s = CHECK_REQUESTS / total_rps
     from_s = PROBE_START_S + max(0.1 * window_s, conversation_warmup_s(replay.mix))
@@ -412,7 +431,13 @@ def check_model(
         if slo is not None and finished
         else 0.0
     )
+    simulated_hits = None
+    if replay.mix.replays_prefixes and done:
+        prompt_tokens = sum(r.prompt_tokens for r in done)
+        simulated_hits = sum(r.cached_prompt_tokens for r in done) / max(prompt_tokens, 1)
     return ModelCheck(
+        simulated_hit_ratio=simulated_hits,
+        observed_hit_ratio=observed_hit_ratio,
         prefill=replay.prefill,
         load_rps=load_rps,
         observed_attainment_ratio=observed_attainment_ratio,
@@ -425,6 +450,22 @@ def check_model(
         simulated_tpot_p90_s=nearest_rank_quantile(tpot, 0.9),
         ttft_offset_s=offset_s,
     )
+
+
+def _shared_prefix_tokens(mix: SampledMix, check: ModelCheck) -> int:
+    """The prompt tokens all replayed conversations should share (0: none) so the replay's
+    prefix-cache hit ratio at the observed load reaches the scraped one. A fleet's hits also
+    come from prompts shared across conversations (a tenant's system prompt), which the
+    conversations' own turns cannot show: each conversation then opens with that many shared
+    tokens, found once from the shortfall over the mean prompt tokens of a conversation, at
+    most the median first prompt."""
+    simulated, observed = check.simulated_hit_ratio, check.observed_hit_ratio
+    if simulated is None or observed is None or observed - simulated <= MIN_HIT_SHORTFALL:
+        return 0
+    conversations = mix.conversations
+    per_conversation = sum(p for turns in conversations for p, _, _ in turns) / len(conversations)
+    first = sorted(turns[0][0] for turns in conversations)
+    return round(min((observed - simulated) * per_conversation, first[len(first) // 2]))
 
 
 def _search(
@@ -516,6 +557,7 @@ def search_knee(
                 load_rps=load_rps,
                 observed_attainment_ratio=observed_attainment_ratio,
                 spec=spec,
+                observed_hit_ratio=hit_ratio,
             ),
         )
         for replay in replays(fit, requests, hit_ratio=hit_ratio, seed=spec.seed)
@@ -528,6 +570,17 @@ def search_knee(
     for other, other_check in checked[1:]:
         if miss(other_check) < miss(check) - CHECK_MARGIN_RATIO:
             replay, check = other, other_check
+    shared = _shared_prefix_tokens(replay.mix, check)
+    if shared:
+        replay = replace(replay, mix=replace(replay.mix, shared_prefix_tokens=shared))
+        check = check_model(
+            replay,
+            requests,
+            load_rps=load_rps,
+            observed_attainment_ratio=observed_attainment_ratio,
+            spec=spec,
+            observed_hit_ratio=hit_ratio,
+        )
     knee, probed_s = _search(
         replay.step,
         replay.mix,

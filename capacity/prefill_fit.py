@@ -49,7 +49,7 @@ class PrefillFit:
 def _first_turns(served: pl.DataFrame) -> pl.DataFrame:
     prefill = pl.coalesce(pl.col("prefill_s"), pl.col("ttft_s") - pl.col("queue_s").fill_null(0.0))
     return (
-        conversation_turns(served)
+        conversation_turns(served, begun_inside=True)
         .filter(pl.col("turn") == 0)
         .select(x=pl.col("prompt_tokens").cast(pl.Float64), y=prefill.cast(pl.Float64))
         .filter(pl.col("y").is_finite())

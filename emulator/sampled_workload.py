@@ -33,6 +33,9 @@ class SampledMix:
 
     shapes: tuple[tuple[int, int], ...]
     conversations: tuple[tuple[tuple[int, int, float], ...], ...] = ()
+    # Prompt tokens every replayed conversation opens with, shared by all (a system prompt);
+    # conversations whose first prompt is not longer do without.
+    shared_prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -42,6 +45,10 @@ class SampledMix:
                 raise SpecError(
                     f"shapes[{i}]", f"tokens must be >= 1, got ({prompt}, {completion})"
                 )
+        if self.shared_prefix_tokens < 0:
+            raise SpecError(
+                "shared_prefix_tokens", f"must be >= 0, got {self.shared_prefix_tokens}"
+            )
         for i, turns in enumerate(self.conversations):
             if not turns:
                 raise SpecError(f"conversations[{i}]", "needs at least one turn")
@@ -86,6 +93,9 @@ class SampledMix:
         return SampledSource(self, rate_rps=rate_rps, seed=seed, start_s=start_s, until_s=until_s)
 
 
+SHARED_PREFIX_KEY = "replayed-shared"
+
+
 class SampledSource:
     """Poisson arrivals from `start_s` to `until_s`, each a shape drawn from the mix."""
 
@@ -127,6 +137,7 @@ class SampledSource:
 class _Replaying:
     turns: tuple[tuple[int, int, float], ...]
     next_turn: int  # index of the turn after the one in flight
+    shared: PrefixSegment | None  # the prefix all conversations share, when this one has it
 
 
 class ConversationSource:
@@ -141,6 +152,8 @@ class ConversationSource:
         if not rate_rps > 0:
             raise SpecError("rate_rps", f"must be > 0, got {rate_rps}")
         self._conversations = mix.conversations
+        shared = mix.shared_prefix_tokens
+        self._shared = PrefixSegment(SHARED_PREFIX_KEY, shared) if shared else None
         self._rng = random.Random(f"{seed}:conversations")  # noqa: S311 (not secrets)
         self._rate_rps = rate_rps / mix.turns_mean
         self._t_s = start_s
@@ -153,6 +166,7 @@ class ConversationSource:
         prompt, completion, _ = state.turns[state.next_turn]
         state.next_turn += 1
         self._requests += 1
+        own = PrefixSegment(conversation_id, prompt)
         return RequestSpec(
             f"replayed-{self._requests}",
             arrival_s,
@@ -161,7 +175,7 @@ class ConversationSource:
             completion,
             None,
             conversation_id,
-            (PrefixSegment(conversation_id, prompt),),
+            (own,) if state.shared is None else (state.shared, own),
             True,  # the answer continues the conversation's prefix chain
         )
 
@@ -172,7 +186,8 @@ class ConversationSource:
         self._started += 1
         conversation_id = f"replayed-conv-{self._started}"
         turns = self._conversations[self._rng.randrange(len(self._conversations))]
-        state = _Replaying(turns, 0)
+        shared = self._shared
+        state = _Replaying(turns, 0, shared if shared and turns[0][0] > shared.end_tokens else None)
         if len(turns) > 1:
             self._active[conversation_id] = state
         return self._request(conversation_id, state, self._t_s)

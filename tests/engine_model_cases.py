@@ -2,18 +2,22 @@
 
 Each case is a fleet (an engine profile, a mix, a router, a placement) run for 30 minutes at a
 seeded fraction (15% to 40%) of its own fleet-level capacity at the SLO, which the emulator's
-search gives (emulator/ground_truth.py). The fleet's finished requests become the rows the store
-would hold (the columns the capacity fit reads), and its prefix-cache hits per replica-minute the
-scraped counters; `pool_capacities` then fits the engine and searches its knee. Direct
-simulation instead of recording and replaying keeps twenty cases inside the suite's budget; the
-record-and-replay path is covered by tests/test_recommend_emulated.py.
-"""
+search gives (emulator/ground_truth.py). A replayed-trace case serves a generated trace in the
+Azure LLM inference format (the conversation trace's lengths, bursty minute to minute) sped up
+to that fraction; its capacity is the fleet's under the trace's request shapes. The fleet's
+finished requests become the rows the store would hold (the columns the capacity fit reads),
+and its prefix-cache hits per replica-minute the scraped counters; `pool_capacities` then fits
+the engine and searches its knee. Direct simulation instead of recording and replaying keeps
+twenty cases inside the suite's budget; the record-and-replay path is covered by
+tests/test_recommend_emulated.py."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import polars as pl
 
@@ -22,13 +26,16 @@ from capacity.pool_capacity import EngineModelSettings, PoolCapacity, pool_capac
 from emulator.engine import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import fleet_capacity_for_config
+from emulator.ground_truth import capacity_at_slo, fleet_capacity_for_config
 from emulator.records import FinishedRequest, FinishedRequests
+from emulator.sampled_workload import SampledMix
+from emulator.trace_replay import TraceFormat, read_trace
 from emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,
     Distribution,
+    ReplaySpec,
     TenantSpec,
     WorkloadSpec,
 )
@@ -60,6 +67,50 @@ class Case:
     config: FleetConfig
     load_ratio: float  # of the fleet's capacity
     seed: int
+    trace: Path | None = None  # the workload replays this Azure-format trace
+
+
+# The generated trace: an hour at about 5 req/s, lengths like the Azure conversation trace's
+# (prompt median 1,020, output median 129 tokens), each minute's rate drawn lognormal.
+TRACE_MINUTES = 60
+TRACE_RATE_RPS = 5.0
+
+
+def write_trace(path: Path, *, seed: int) -> Path:
+    """An Azure LLM inference CSV (`TIMESTAMP` in seconds) of TRACE_MINUTES bursty minutes."""
+    rng = random.Random(f"{seed}:trace")
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for minute in range(TRACE_MINUTES):
+        rate_rps = TRACE_RATE_RPS * min(3.0, rng.lognormvariate(-0.125, 0.5))  # mean about 1
+        t_s, end_s = 60.0 * minute, 60.0 * (minute + 1)
+        while (t_s := t_s + rng.expovariate(rate_rps)) < end_s:
+            prompt = min(8000, max(8, round(rng.lognormvariate(math.log(1020), 0.9))))
+            output = min(1000, max(1, round(rng.lognormvariate(math.log(129), 0.8))))
+            lines.append(f"{t_s:.6f},{prompt},{output}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def trace_rps_per_speedup(config: FleetConfig) -> float:
+    """Requests per second per replica of the config's trace replayed at speedup 1."""
+    replay = config.workload.replay
+    assert replay is not None
+    rows = len(list(read_trace(replay.path, replay.format)))
+    return rows / (60.0 * TRACE_MINUTES) / config.topology.replicas
+
+
+def trace_capacity_rps(config: FleetConfig, *, seed: int) -> float:
+    """Per replica, the fleet's capacity at the SLO under the trace's request shapes arriving
+    steadily (Poisson): the number the sizing chain means, which it applies to the peak
+    minute's demand (the trace's bursts are the demand's part, not the replica's)."""
+    replay = config.workload.replay
+    assert replay is not None
+    shapes = tuple(
+        (r.prompt_tokens, max(1, r.output_tokens)) for r in read_trace(replay.path, replay.format)
+    )
+    return capacity_at_slo(
+        config.engine, SampledMix(shapes), slo=config.slo, seed=seed, fleet=config
+    ).capacity_rps
 
 
 def _config(
@@ -83,11 +134,12 @@ def _config(
     )
 
 
-def seeded_cases(count: int, *, seed: int) -> list[Case]:
-    """`count` cases cycling through profiles, mixes, routers and placements; the load ratio and
-    simulation seed of each are drawn from `seed`."""
+def seeded_cases(count: int, *, seed: int, trace_dir: Path | None = None) -> list[Case]:
+    """`count` cases cycling through profiles, mixes, routers and placements (and, with
+    `trace_dir` to write it in, a replayed trace); the load ratio and simulation seed of each
+    are drawn from `seed`."""
     rng = random.Random(seed)
-    shapes = [
+    shapes: list[tuple[str, float, RouterPolicy, tuple[int, ...]]] = [
         ("8b", 1.0, RouterPolicy.ROUND_ROBIN, (1, 1, 1)),
         ("slow", 1.0, RouterPolicy.LEAST_LOADED, (1, 1, 1)),
         ("large", 1.0, RouterPolicy.ROUND_ROBIN, (1, 1, 1)),
@@ -96,16 +148,25 @@ def seeded_cases(count: int, *, seed: int) -> list[Case]:
         ("8b", 3.0, RouterPolicy.PREFIX_AFFINITY, (2, 1, 1)),  # uneven placement
         ("large", 1.0, RouterPolicy.LEAST_LOADED, (3, 1)),  # uneven placement
     ]
+    trace = None if trace_dir is None else write_trace(trace_dir / "azure-like.csv", seed=seed)
+    if trace is not None:
+        shapes.append(("large", 0.0, RouterPolicy.LEAST_LOADED, (1, 1, 1)))  # turns 0: the trace
     cases = []
     for i in range(count):
         profile, turns, router, hosts = shapes[i % len(shapes)]
+        config = _config(profile, turns=max(turns, 1.0), router=router, hosts=hosts)
         mix = "multi-turn" if turns > 1 else "single-turn"
+        if turns == 0.0 and trace is not None:
+            mix = "replayed-trace"
+            replay = ReplaySpec(trace, TraceFormat.AZURE_CSV)
+            config = replace(config, workload=replace(config.workload, replay=replay))
         cases.append(
             Case(
                 name=f"{i:02d}-{profile}-{mix}-{router.value}-{'x'.join(map(str, hosts))}",
-                config=_config(profile, turns=turns, router=router, hosts=hosts),
+                config=config,
                 load_ratio=rng.uniform(0.15, 0.4),
                 seed=rng.randrange(1_000_000),
+                trace=trace if mix == "replayed-trace" else None,
             )
         )
     return cases
@@ -169,14 +230,20 @@ def run_case(case: Case, *, conversation_ids: bool = True) -> Outcome:
     the requests name their conversations (as a gateway would) unless `conversation_ids`
     is False (as vLLM's own spans have it)."""
     config = case.config
-    truth = fleet_capacity_for_config(config, seed=case.seed).capacity_rps
-    rate_rps = case.load_ratio * truth * config.topology.replicas
-    running = replace(
-        config,
-        workload=replace(
+    replay = config.workload.replay
+    if replay is None:
+        truth = fleet_capacity_for_config(config, seed=case.seed).capacity_rps
+        rate_rps = case.load_ratio * truth * config.topology.replicas
+        workload = replace(
             config.workload, arrival=ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=rate_rps)
-        ),
-    )
+        )
+    else:
+        truth = trace_capacity_rps(config, seed=case.seed)
+        speedup = truth / trace_rps_per_speedup(config)
+        workload = replace(
+            config.workload, replay=replace(replay, speedup=case.load_ratio * speedup)
+        )
+    running = replace(config, workload=workload)
     collect = FinishedRequests()
     sim = FleetSimulation(running, observer=collect, seed=case.seed, start_s=START_S)
     sim.run_until(START_S + DURATION_S)

@@ -20,16 +20,19 @@ SEED = 2026
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> list[Outcome]:
-    return [run_case(case) for case in seeded_cases(CASES, seed=SEED)]
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+    cases = seeded_cases(CASES, seed=SEED, trace_dir=tmp_path_factory.mktemp("trace"))
+    assert any("replayed-trace" in case.name for case in cases)
+    return [run_case(case) for case in cases]
 
 
-def test_every_case_is_sized_by_the_engine_model_below_half_its_knee(
+def test_every_case_is_sized_by_the_engine_model_far_below_its_knee(
     outcomes: list[Outcome],
 ) -> None:
     for outcome in outcomes:
         capacity = outcome.capacity
-        assert capacity.load_max < 0.5 * outcome.truth_rps, outcome.case.name
+        # At most 40% of the knee on average; the busiest minute a little more.
+        assert capacity.load_max < 0.6 * outcome.truth_rps, outcome.case.name
         assert capacity.method is CapacityMethod.ENGINE_MODEL, outcome.case.name
         assert not capacity.extrapolated
 
@@ -51,7 +54,7 @@ def test_most_refits_are_within_15_percent_of_the_fleet_truth(outcomes: list[Out
         assert model is not None
         multi_turn = "multi-turn" in outcome.case.name
         assert (model.check.prefill is PrefillShape.CONVERSATIONS) == multi_turn
-    single_turn = [o for o in outcomes if "single-turn" in o.case.name]
+    single_turn = [o for o in outcomes if "multi-turn" not in o.case.name]
     assert single_turn
     for outcome in single_turn:
         assert abs(outcome.error_ratio) <= 0.15, (outcome.case.name, outcome.error_ratio)

@@ -10,7 +10,8 @@ import pytest
 
 from capacity.conversation_turns import without_continued_prefix
 from capacity.engine_fit import EngineFit, StepTime
-from capacity.knee_search import PrefillShape, engine_params, replays
+from capacity.knee_search import ModelCheck, PrefillShape, engine_params, replays
+from capacity.knee_search import _shared_prefix_tokens as shared_prefix_tokens
 from capacity.prefill_fit import fit_first_turn_prefill
 from emulator.engine_params import EngineParams
 
@@ -113,3 +114,20 @@ def test_the_cost_per_uncached_token_is_the_first_turns_slope() -> None:
     measured = found[0].first_turn_prefill
     assert measured is not None
     assert (measured.per_token_s, measured.first_turns) == (fit.per_token_s, fit.first_turns)
+
+
+def check(*, simulated: float | None, observed: float | None) -> ModelCheck:
+    return ModelCheck(
+        PrefillShape.CONVERSATIONS, 1.0, 0.95, 0.95, 0.1, 0.1, 0.2, 0.2, 0.03, 0.03, 0.0,
+        simulated_hit_ratio=simulated, observed_hit_ratio=observed,
+    )  # fmt: skip
+
+
+def test_a_hit_shortfall_against_the_scraped_ratio_becomes_a_shared_prefix() -> None:
+    mix = replays(FIT, served(ROWS), hit_ratio=None, seed=1)[0].mix
+    # Conversations hold 3700 and 700 prompt tokens (2200 a conversation); the median first
+    # prompt (the upper of 300 and 1000) caps what can be shared.
+    assert shared_prefix_tokens(mix, check(simulated=0.6, observed=0.7)) == 220
+    assert shared_prefix_tokens(mix, check(simulated=0.2, observed=0.9)) == 1000
+    assert shared_prefix_tokens(mix, check(simulated=0.695, observed=0.7)) == 0
+    assert shared_prefix_tokens(mix, check(simulated=0.6, observed=None)) == 0

@@ -9,7 +9,7 @@ from emulator.engine_params import EngineParams
 from emulator.fleet import FleetSimulation
 from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
 from emulator.records import FinishedRequests
-from emulator.sampled_workload import SampledMix
+from emulator.sampled_workload import SHARED_PREFIX_KEY, SampledMix
 from emulator.workload import PrefixSegment, SpecError
 
 START_S = 1_800_000_000.0
@@ -104,3 +104,20 @@ def test_replayed_follow_ups_hit_the_cache_where_the_router_keeps_them() -> None
     affinity, spread = hit_ratio(RouterPolicy.PREFIX_AFFINITY), hit_ratio(RouterPolicy.ROUND_ROBIN)
     assert affinity == pytest.approx((1100 + 1480) / (1000 + 1400 + 1800), abs=0.05)
     assert spread < affinity / 2
+
+
+def test_conversations_open_with_the_shared_prefix_when_longer_than_it() -> None:
+    with pytest.raises(SpecError) as caught:
+        SampledMix(((10, 5),), (CHAT,), shared_prefix_tokens=-1)
+    assert caught.value.field == "shared_prefix_tokens"
+    mix = SampledMix(((1000, 100),), (CHAT, ONE), shared_prefix_tokens=800)
+    source = mix.source(1.0, seed=2, start_s=START_S, until_s=START_S + 1e4)
+    chains = {}
+    while (request := source.next_arrival()) is not None:
+        chains[request.prompt_tokens] = request.prefix
+    # CHAT opens with 1000 tokens, past the shared 800; ONE's 600 are not.
+    assert chains[1000] == (
+        PrefixSegment(SHARED_PREFIX_KEY, 800),
+        PrefixSegment(chains[1000][1].key, 1000),
+    )
+    assert len(chains[600]) == 1
