@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -193,20 +194,31 @@ def minute_loads(outcomes: pl.LazyFrame, *, by: Sequence[str]) -> pl.LazyFrame:
     )
 
 
+_load = operator.attrgetter("load_rps")
+
+
 def isotonic_steps(points: Sequence[LoadPoint]) -> list[tuple[float, float]]:
     """Decreasing isotonic regression of attainment on load (pool adjacent violators, weighted
     by requests): (mean load, attainment) of each step, in load order."""
-    blocks: list[list[float]] = []  # good, requests, load x requests
-    for point in sorted(points, key=lambda p: p.load_rps):
+    # Per block: good, requests, load x requests. A new point takes in the blocks before it
+    # while they violate (the sums are those of merging it into them: addition commutes); a
+    # bootstrap runs this thousands of times, so plain lists rather than block objects.
+    goods: list[float] = []
+    totals: list[float] = []
+    weights: list[float] = []
+    for point in sorted(points, key=_load):
         if point.requests <= 0:
             continue
-        blocks.append([float(point.good), float(point.requests), point.load_rps * point.requests])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            good, requests, weighted = blocks.pop()
-            blocks[-1][0] += good
-            blocks[-1][1] += requests
-            blocks[-1][2] += weighted
-    return [(weighted / requests, good / requests) for good, requests, weighted in blocks]
+        good, requests = float(point.good), float(point.requests)
+        weighted = point.load_rps * point.requests
+        while goods and goods[-1] / totals[-1] < good / requests:
+            good += goods.pop()
+            requests += totals.pop()
+            weighted += weights.pop()
+        goods.append(good)
+        totals.append(requests)
+        weights.append(weighted)
+    return [(w / r, g / r) for g, r, w in zip(goods, totals, weights, strict=True)]
 
 
 def isotonic_knee(points: Sequence[LoadPoint], *, target_ratio: float) -> float:

@@ -196,17 +196,25 @@ def drill_candidates(
     # The minimum and one host fewer are drilled in any case (at once, when a mapper spreads).
     first = [h for h in (hosts - 1, hosts) if h >= 1]
     done: dict[int, DrilledRow] = dict(zip(first, mapper(drill_at, first), strict=True))
+    asked = set(first)  # what the search asked for: the record shows these, however spread
+    spare_workers = mapper is not serial_map
+    largest = table.minimum.hosts + MAX_EXTRA_HOSTS
 
-    def drilled(hosts: int) -> DrilledRow:
+    def drilled(hosts: int, *, ahead: int | None = None) -> DrilledRow:
+        asked.add(hosts)
         if hosts not in done:
-            done[hosts] = drill_at(hosts)
+            # With workers to spare, the size the search may ask for next is drilled alongside.
+            wanted = [hosts]
+            if spare_workers and ahead is not None and ahead not in done and 1 <= ahead <= largest:
+                wanted.append(ahead)
+            done.update(zip(wanted, mapper(drill_at, wanted), strict=True))
         return done[hosts]
 
-    while not drilled(hosts).drill.holds and hosts < table.minimum.hosts + MAX_EXTRA_HOSTS:
+    while not drilled(hosts, ahead=hosts + 1).drill.holds and hosts < largest:
         hosts += 1
     recommended: DrilledRow | None = drilled(hosts)
     if recommended is not None and recommended.drill.holds:
-        while hosts > 1 and drilled(hosts - 1).drill.holds:
+        while hosts > 1 and drilled(hosts - 1, ahead=hosts - 2).drill.holds:
             hosts -= 1
         recommended = drilled(hosts)
     reason = None
@@ -244,7 +252,7 @@ def drill_candidates(
         blocked = drill_spec(requirement, demand_rps=demand_rps, seed=seed, combined=True)
         combined = drill_row(table, hosts=recommended.row.hosts, model=model, spec=blocked)
     return FleetDrills(
-        drilled=tuple(done[h] for h in sorted(done)),
+        drilled=tuple(done[h] for h in sorted(asked)),
         recommended=recommended,
         smaller=smaller,
         reason=reason,

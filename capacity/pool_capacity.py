@@ -19,6 +19,7 @@ pool served (decode tokens from completions, prefill tokens from prompts).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -311,6 +312,18 @@ def model_minutes(
     return frame
 
 
+def _replica_fit(
+    item: tuple[str, pl.DataFrame], *, spec: AttainmentSpec, data: str
+) -> AttainmentFit | str:
+    """One replica's attainment fit, or the note saying why it has none: a unit a `Mapper`
+    can spread (a day's replicas each bootstrap their own minutes)."""
+    replica, minutes = item
+    try:
+        return fit_attainment(minutes, spec=spec, group=f"replica {replica}", data=data)
+    except ValueError as exc:
+        return f"replica {replica}: capacity not fitted: {exc}"
+
+
 def pool_capacities(
     requests: pl.LazyFrame,
     *,
@@ -359,18 +372,16 @@ def pool_capacities(
         # Per replica the knee shows outliers; fewer resamples bound its interval well enough.
         replica_spec = replace(spec, resamples=min(spec.resamples, OUTLIER_RESAMPLES))
         replica_fits = []
-        for replica in sorted(replicas.get_column("replica").unique().to_list()):
-            try:
-                replica_fits.append(
-                    fit_attainment(
-                        replicas.filter(pl.col("replica") == replica),
-                        spec=replica_spec,
-                        group=f"replica {replica}",
-                        data=data,
-                    )
-                )
-            except ValueError as exc:
-                notes.append(f"replica {replica}: capacity not fitted: {exc}")
+        names = sorted(replicas.get_column("replica").unique().to_list())
+        fitted = mapper(
+            functools.partial(_replica_fit, spec=replica_spec, data=data),
+            [(name, replicas.filter(pl.col("replica") == name)) for name in names],
+        )
+        for fitted_or_note in fitted:
+            if isinstance(fitted_or_note, str):
+                notes.append(fitted_or_note)
+            else:
+                replica_fits.append(fitted_or_note)
         model = None
         if engine_model is not None:
             model = _engine_model(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
 
 from capacity.attainment_fit import AttainmentSpec, LoadPoint, isotonic_knee, isotonic_steps
-from capacity.latency_model import least_squares
+from capacity.latency_model import least_squares, resampled_least_squares
 from capacity.pool_capacity import CapacityMethod, pool_capacities, pool_capacity_figure
 
 SPEC = AttainmentSpec(ttft_limit_s=1.0, tpot_limit_s=0.1, target_ratio=0.9, seed=3, resamples=50)
@@ -33,6 +34,22 @@ def test_least_squares_recovers_a_plane() -> None:
     rows = [(x, z, 0.5 + 2.0 * x - 0.25 * z) for x in range(4) for z in range(3)]
     assert least_squares(rows) == pytest.approx((0.5, 2.0, -0.25))
     assert least_squares([(1.0, 2.0), (1.0, 3.0)]) is None  # no spread in x
+
+
+@pytest.mark.parametrize("regressors", [1, 2])
+def test_resampled_least_squares_fits_the_draws_least_squares_would(regressors: int) -> None:
+    rng = random.Random(4)
+    rows = [
+        (*(rng.uniform(0, 10) for _ in range(regressors)), rng.uniform(0, 3)) for _ in range(200)
+    ]
+    rows.append((*[5.0] * regressors, 1.0))
+    draws, again = random.Random(9), random.Random(9)
+    resampled = resampled_least_squares(rows, draw=draws, resamples=20)
+    for fitted in resampled:
+        expected = least_squares(again.choices(rows, k=len(rows)))
+        assert fitted == pytest.approx(expected, rel=1e-9)
+    # No spread in x: every resample is singular.
+    assert resampled_least_squares([(1.0, 2.0)] * 5, draw=draws, resamples=3) == [None] * 3
 
 
 def requests(pool: str, replica: str, *, capacity_rps: float) -> list[dict[str, object]]:

@@ -11,15 +11,23 @@ the recommended size and for one host fewer.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
 
 import pytest
 
 from capacity.drill import ConfiguredWorkload, DrillFleet, run_drill
-from capacity.fleet_drills import FleetDrills, drill_candidates, drill_spec, topology
+from capacity.fleet_drills import (
+    DrilledRow,
+    FleetDrills,
+    drill_candidates,
+    drill_spec,
+    topology,
+)
 from capacity.fleet_size import size_fleet
 from capacity.knee_search import ModelKnee
+from capacity.parallel import serial_map
 from capacity.placement import Layout, layout_from_inventory
 from capacity.requirement import Requirement, parse_requirement
 from tests.engine_model_cases import Case, Outcome, run_case, seeded_cases
@@ -29,7 +37,8 @@ pytestmark = pytest.mark.slow
 CASES = {case.name: case for case in seeded_cases(7, seed=16)}
 
 
-def requirement(outcome: Outcome) -> Requirement:
+def requirement(outcome: Outcome, *, stated_capacity_ratio: float = 1.0) -> Requirement:
+    """The case's requirement, its stated replica capacity the refit's (times the ratio)."""
     config, capacity = outcome.case.config, outcome.capacity
     slo = config.slo
     demand_per_min = outcome.truth_rps * (config.topology.replicas - 1) * 0.8 * 60
@@ -43,7 +52,7 @@ target_ratio = {slo.target_ratio}
 [demand]
 req_per_min = {demand_per_min}
 [replica]
-capacity_req_per_min = {capacity.knee_load * 60}
+capacity_req_per_min = {capacity.knee_load * 60 * stated_capacity_ratio}
 [placement]
 replicas_per_host = 1
 zones = {list(config.topology.zones)!r}
@@ -150,3 +159,37 @@ def run_case_model(name: str) -> ModelKnee:
     model = outcome_of(name).capacity.engine_model
     assert model is not None, f"{name}: no engine model"
     return model
+
+
+def test_workers_to_spare_drill_ahead_and_the_record_is_the_same() -> None:
+    # A mapper other than serial_map has workers to spare: the search drills the size it may
+    # ask for next alongside, and shows only what it asked for. A capacity stated too high
+    # puts the table's minimum below what holds, so the search grows.
+    case = CASES[UNEVEN]
+    req = requirement(outcome_of(UNEVEN), stated_capacity_ratio=1.6)
+    layout = layout_from_inventory((p.replica, p.host, p.zone) for p in case.config.placements())
+    table = size_fleet(req, layout=layout).table
+    spread: list[list[int]] = []
+
+    def mapper(fn: Callable[[int], DrilledRow], items: Sequence[int], /) -> list[DrilledRow]:
+        spread.append(list(items))
+        return [fn(item) for item in items]
+
+    runs = [
+        drill_candidates(
+            table,
+            requirement=req,
+            model=run_case_model(UNEVEN),
+            demand_rps=table.spec.demand_rate / 60,
+            seed=case.seed,
+            mapper=chosen,  # type: ignore[arg-type]
+        )
+        for chosen in (serial_map, mapper)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] is not None
+    assert runs[0].recommended is not None
+    assert len(spread) >= 2  # the first pair, then a step with its next size
+    assert all(len(items) == 2 for items in spread)
+    asked = [row.row.hosts for row in runs[0].drilled]
+    assert sorted({h for items in spread for h in items}) != asked  # one drilled ahead, unshown
