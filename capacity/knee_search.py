@@ -548,18 +548,16 @@ def search_knee(
     served prompt prefilled in full: bounded-load hashing spills conversations off their
     replicas as load grows, so the hit ratio seen at low load need not hold at the knee."""
     load_rps = max(load_rps, 1e-3)
+    check_at_load = functools.partial(
+        check_model,
+        observed=requests,
+        load_rps=load_rps,
+        observed_attainment_ratio=observed_attainment_ratio,
+        spec=spec,
+        observed_hit_ratio=hit_ratio,
+    )
     checked = [
-        (
-            replay,
-            check_model(
-                replay,
-                requests,
-                load_rps=load_rps,
-                observed_attainment_ratio=observed_attainment_ratio,
-                spec=spec,
-                observed_hit_ratio=hit_ratio,
-            ),
-        )
+        (replay, check_at_load(replay))
         for replay in replays(fit, requests, hit_ratio=hit_ratio, seed=spec.seed)
     ]
 
@@ -573,14 +571,7 @@ def search_knee(
     shared = _shared_prefix_tokens(replay.mix, check)
     if shared:
         replay = replace(replay, mix=replace(replay.mix, shared_prefix_tokens=shared))
-        check = check_model(
-            replay,
-            requests,
-            load_rps=load_rps,
-            observed_attainment_ratio=observed_attainment_ratio,
-            spec=spec,
-            observed_hit_ratio=hit_ratio,
-        )
+        check = check_at_load(replay)
     knee, probed_s = _search(
         replay.step,
         replay.mix,
