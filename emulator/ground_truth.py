@@ -180,8 +180,7 @@ def attainment_at(
     # meets the SLO, or a short probe passes a load that overloads it a minute later.
     settle_s = SETTLE_LIFETIMES * request_lifetime_s(engine, workload, slo)
     window_s = max(requests / total_rps, settle_s)
-    warmup_s = max(warmup_ratio * window_s, settle_s)
-    warmup_s = max(warmup_s, conversation_warmup_s(workload))
+    warmup_s = max(warmup_ratio * window_s, settle_s, conversation_warmup_s(workload))
     from_s = PROBE_START_S + warmup_s
     to_s = from_s + window_s
     source: RequestSource
