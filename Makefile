@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 # The emulator's hot modules compiled with mypyc (emulator/native.py), kept outside the tree and
 # keyed by the sources: a no-op when current; a failed build leaves the emulator pure Python.
 native: $(STAMP)
-	@$(BIN)/python -m emulator native build || true
+	@$(BIN)/python -m servewatch.emulator native build || true
 
 demo: native
 	$(BIN)/servewatch demo --out demo-out

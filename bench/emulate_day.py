@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Comparison
-from emulator import native
-from emulator.fixture_writer import record_fleet
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
-from emulator.workload import ArrivalKind, ArrivalSpec, SyntheticWorkload
+from servewatch.emulator import native
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
+from servewatch.emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, SyntheticWorkload
 
 START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z: a whole UTC day, peak at 15:00
 SEED = 20_261_118

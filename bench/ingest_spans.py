@@ -20,8 +20,8 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.report import Comparison
-from collectors.trace_ingest import ingest_trace_files
-from pipeline.store import Store
+from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.pipeline.store import Store
 
 SPANS_PER_LINE = 500
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import polars as pl
 
-from capacity.engine_fit import fit_engine
-from capacity.knee_search import KneeSearchSpec, search_knee
-from emulator.fleet_config import RouterPolicy
+from servewatch.capacity.engine_fit import fit_engine
+from servewatch.capacity.knee_search import KneeSearchSpec, search_knee
+from servewatch.emulator.fleet_config import RouterPolicy
 
 DEFAULT_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "real-sweeps"
 REQUESTS_PER_LEVEL = 60

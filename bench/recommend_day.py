@@ -24,15 +24,15 @@ import polars as pl
 
 from bench.report import Comparison
 from bench.rollup_day import day_store
-from capacity.knee_search import KneeSearchSpec, engine_params, replays, search_knee
-from capacity.parallel import process_map
-from capacity.requirement import parse_requirement
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import PROBE_START_S
-from emulator.records import FinishedRequests
-from emulator.workload import WorkloadSpec
-from pipeline.store import Store
+from servewatch.capacity.knee_search import KneeSearchSpec, engine_params, replays, search_knee
+from servewatch.capacity.parallel import process_map
+from servewatch.capacity.requirement import parse_requirement
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, RouterSpec, SloSpec, TopologySpec
+from servewatch.emulator.ground_truth import PROBE_START_S
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.workload import WorkloadSpec
+from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 
 PER_S = 170.0

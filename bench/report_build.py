@@ -27,33 +27,40 @@ import altair as alt
 import polars as pl
 
 from bench.report import Comparison
-from dashboards.alert_band import alert_bands_chart
-from dashboards.attainment import attainment_chart, goodput_chart
-from dashboards.burn_rate import burn_rate_chart
-from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
-from dashboards.error_budget import budget_remaining_chart
-from dashboards.export import write_report
-from dashboards.failure_table import failure_table_chart
-from dashboards.finish_reason import finish_reason_chart
-from dashboards.gpu_health import gpu_health_chart
-from dashboards.kv_usage import kv_usage_heatmap
-from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
-from dashboards.prefix_cache import prefix_cache_chart
-from dashboards.report import (
+from servewatch.dashboards.alert_band import alert_bands_chart
+from servewatch.dashboards.attainment import attainment_chart, goodput_chart
+from servewatch.dashboards.burn_rate import burn_rate_chart
+from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
+from servewatch.dashboards.error_budget import budget_remaining_chart
+from servewatch.dashboards.export import write_report
+from servewatch.dashboards.failure_table import failure_table_chart
+from servewatch.dashboards.finish_reason import finish_reason_chart
+from servewatch.dashboards.gpu_health import gpu_health_chart
+from servewatch.dashboards.kv_usage import kv_usage_heatmap
+from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.prefix_cache import prefix_cache_chart
+from servewatch.dashboards.report import (
     CapacityView,
     FailureView,
     ReportInputs,
     TornadoView,
     build_report,
 )
-from dashboards.request_length import LengthKind, lengths_from_requests, request_length_chart
-from dashboards.request_phase import phases_from_requests, request_phase_chart
-from dashboards.scheduler_state import scheduler_state_chart
-from dashboards.token_throughput import throughput_from_request_minutes, token_throughput_chart
-from dashboards.tornado import tornado_chart
-from pipeline.request_minutes import EventCriterion, request_minutes, slo_minutes
-from pipeline.request_sli import GoodputLimits
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.dashboards.request_length import (
+    LengthKind,
+    lengths_from_requests,
+    request_length_chart,
+)
+from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
+from servewatch.dashboards.scheduler_state import scheduler_state_chart
+from servewatch.dashboards.token_throughput import (
+    throughput_from_request_minutes,
+    token_throughput_chart,
+)
+from servewatch.dashboards.tornado import tornado_chart
+from servewatch.pipeline.request_minutes import EventCriterion, request_minutes, slo_minutes
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 BUDGET_S = 60.0
 BUDGET_HTML_BYTES = 15 * 1024 * 1024

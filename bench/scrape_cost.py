@@ -57,13 +57,13 @@ import httpx
 
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
-from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
-from collectors.scraper import scrape_targets
-from collectors.store_writer import StoreWriter
-from collectors.targets import Target, TargetKind
-from pipeline.store import Store
+from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scraper import scrape_targets
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.targets import Target, TargetKind
 from servewatch.config import ScrapeSettings
+from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher, page_of, scheduled_targets
 
 LOOPBACK = "127.0.0.1"

@@ -52,8 +52,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.parse_exposition import vllm_page
 from bench.report import Comparison
-from collectors.scrape_schedule import TargetSchedule, offset_s
-from pipeline.store import Store
+from servewatch.collectors.scrape_schedule import TargetSchedule, offset_s
+from servewatch.pipeline.store import Store
 from servewatch.service import Service
 
 TARGETS = 300

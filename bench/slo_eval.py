@@ -20,11 +20,11 @@ import duckdb
 import polars as pl
 
 from bench.report import Comparison
-from slo.alerting import alert_conditions
-from slo.budget import budget_from_sums
-from slo.burn_rate import window_sums_at
-from slo.spec import AvailabilitySli, SloSpec
-from slo.windows import default_burn_windows
+from servewatch.slo.alerting import alert_conditions
+from servewatch.slo.budget import budget_from_sums
+from servewatch.slo.burn_rate import window_sums_at
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.windows import default_burn_windows
 
 AT = datetime(2026, 12, 1)
 RUNS = 7

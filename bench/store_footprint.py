@@ -39,13 +39,13 @@ import duckdb
 import polars as pl
 
 from bench.report import Comparison
-from collectors.fixture_folder import iter_fixture_pages, open_fixture
-from collectors.metric_ingest import ingest_pages
-from collectors.replay import PAGES_PER_BATCH
-from emulator.fixture_writer import record_fleet
-from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.workload import ArrivalKind, ArrivalSpec
-from pipeline.store import Store
+from servewatch.collectors.fixture_folder import iter_fixture_pages, open_fixture
+from servewatch.collectors.metric_ingest import ingest_pages
+from servewatch.collectors.replay import PAGES_PER_BATCH
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
+from servewatch.emulator.workload import ArrivalKind, ArrivalSpec
+from servewatch.pipeline.store import Store
 
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))
 START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z

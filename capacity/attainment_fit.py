@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.bootstrap import outward_interval
-from capacity.capacity_fit import LoadUnit
-from capacity.figure import fmt
-from pipeline.request_sli import with_tpot
+from servewatch.capacity.bootstrap import outward_interval
+from servewatch.capacity.capacity_fit import LoadUnit
+from servewatch.capacity.figure import fmt
+from servewatch.pipeline.request_sli import with_tpot
 
 MINUTE = "1m"
 MINUTE_S = 60.0

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.figure import Figure, fmt, measured
-from pipeline.signals import Signal
+from servewatch.capacity.figure import Figure, fmt, measured
+from servewatch.pipeline.signals import Signal
 
 HITS = Signal.PREFIX_CACHE_HITS_TOKENS.value
 QUERIES = Signal.PREFIX_CACHE_QUERIES_TOKENS.value

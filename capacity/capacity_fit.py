@@ -28,7 +28,7 @@ from typing import Protocol
 
 import polars as pl
 
-from capacity.figure import Figure, fmt, measured
+from servewatch.capacity.figure import Figure, fmt, measured
 
 LOAD = "load"
 LATENCY = "latency_s"

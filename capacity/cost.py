@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.figure import Figure, assumed, derived, fmt
+from servewatch.capacity.figure import Figure, assumed, derived, fmt
 
 HOURS_PER_MONTH = 8760 / 12
 

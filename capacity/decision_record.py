@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import CapacityFit, KneeFit
-from capacity.cost import AutoscaledFleet, CostLines, cost_lines, usd_text
-from capacity.demand import TokenDemand
-from capacity.failure_table import FailureRow
-from capacity.figure import Figure, Step, derived, fmt
-from capacity.fleet_drills import FleetDrills
-from capacity.fleet_size import FleetSize
-from capacity.knee_search import ModelKnee
-from capacity.latency_model import LatencyModel
-from capacity.observed_demand import ObservedDemand
-from capacity.placement import NO_LAYOUT, FailureUnit, Layout
-from capacity.pool_capacity import PoolCapacity
-from capacity.requirement import Requirement, figures
-from capacity.risk import RiskAssessment
+from servewatch.capacity.cache_hit_rate import HitRatioSpread
+from servewatch.capacity.capacity_fit import CapacityFit, KneeFit
+from servewatch.capacity.cost import AutoscaledFleet, CostLines, cost_lines, usd_text
+from servewatch.capacity.demand import TokenDemand
+from servewatch.capacity.failure_table import FailureRow
+from servewatch.capacity.figure import Figure, Step, derived, fmt
+from servewatch.capacity.fleet_drills import FleetDrills
+from servewatch.capacity.fleet_size import FleetSize
+from servewatch.capacity.knee_search import ModelKnee
+from servewatch.capacity.latency_model import LatencyModel
+from servewatch.capacity.observed_demand import ObservedDemand
+from servewatch.capacity.placement import NO_LAYOUT, FailureUnit, Layout
+from servewatch.capacity.pool_capacity import PoolCapacity
+from servewatch.capacity.requirement import Requirement, figures
+from servewatch.capacity.risk import RiskAssessment
 
 SCHEMA = "servewatch.decision_record/1"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from capacity.figure import Figure, Step, derived, fmt
+from servewatch.capacity.figure import Figure, Step, derived, fmt
 
 OBSERVED = "observed"
 

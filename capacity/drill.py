@@ -32,18 +32,24 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
-from capacity.figure import fmt
-from capacity.knee_search import nearest_rank_quantile
-from capacity.placement import FailureUnit
-from emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
-from emulator.engine_params import EngineParams
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import AdmissionSpec, FleetConfig, RouterSpec, SloSpec, TopologySpec
-from emulator.forwarding_source import ForwardingSource
-from emulator.ground_truth import meets_slo
-from emulator.records import FinishedRequest, FinishedRequests, ReplicaPlacement
-from emulator.workload import RequestSource, RequestSpec, WorkloadSpec, request_source
+from servewatch.capacity.figure import fmt
+from servewatch.capacity.knee_search import nearest_rank_quantile
+from servewatch.capacity.placement import FailureUnit
+from servewatch.emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import (
+    AdmissionSpec,
+    FleetConfig,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.forwarding_source import ForwardingSource
+from servewatch.emulator.ground_truth import meets_slo
+from servewatch.emulator.records import FinishedRequest, FinishedRequests, ReplicaPlacement
+from servewatch.emulator.workload import RequestSource, RequestSpec, WorkloadSpec, request_source
 
 DRILL_START_S = 1_700_000_000.0
 WARMUP_S = 60.0

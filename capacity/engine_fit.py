@@ -49,8 +49,8 @@ from datetime import timedelta
 
 import polars as pl
 
-from capacity.bootstrap import outward_interval
-from capacity.figure import fmt
+from servewatch.capacity.bootstrap import outward_interval
+from servewatch.capacity.figure import fmt
 
 MIN_DECODING_REQUESTS = 30
 MAX_FIT_REQUESTS = 600_000

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from capacity.cost import usd_per_month
-from capacity.figure import fmt
-from capacity.placement import NO_LAYOUT, FailureUnit, Footprint, Layout
+from servewatch.capacity.cost import usd_per_month
+from servewatch.capacity.figure import fmt
+from servewatch.capacity.placement import NO_LAYOUT, FailureUnit, Footprint, Layout
 
 # Float sums such as 4 x 30 - 30 must meet a demand of exactly 90.
 _TOLERANCE = 1e-9

@@ -19,16 +19,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from capacity.drill import DrillFleet, DrillResult, DrillSpec, run_drill
-from capacity.failure_table import FailureRow, FailureTable, failure_row
-from capacity.knee_search import ModelKnee, engine_params
-from capacity.parallel import Mapper, serial_map
-from capacity.placement import FailureUnit, Footprint
-from capacity.requirement import Requirement
-from capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
-from emulator.clients import RetryPolicy
-from emulator.engine_params import EngineParams
-from emulator.fleet_config import RouterSpec, TopologySpec
+from servewatch.capacity.drill import DrillFleet, DrillResult, DrillSpec, run_drill
+from servewatch.capacity.failure_table import FailureRow, FailureTable, failure_row
+from servewatch.capacity.knee_search import ModelKnee, engine_params
+from servewatch.capacity.parallel import Mapper, serial_map
+from servewatch.capacity.placement import FailureUnit, Footprint
+from servewatch.capacity.requirement import Requirement
+from servewatch.capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
+from servewatch.emulator.clients import RetryPolicy
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet_config import RouterSpec, TopologySpec
 
 MAX_EXTRA_HOSTS = 4
 # Judged before the failure and once replacements serve: three minutes each show a steady

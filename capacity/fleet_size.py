@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.demand import DemandEstimate, estimate_demand
-from capacity.failure_table import FailureTable, FailureTableSpec, RateUnit, build_failure_table
-from capacity.figure import Figure, derived, fmt
-from capacity.placement import NO_LAYOUT, Layout
-from capacity.requirement import Requirement
-from capacity.sizing import SizingChain, size_chain
+from servewatch.capacity.demand import DemandEstimate, estimate_demand
+from servewatch.capacity.failure_table import (
+    FailureTable,
+    FailureTableSpec,
+    RateUnit,
+    build_failure_table,
+)
+from servewatch.capacity.figure import Figure, derived, fmt
+from servewatch.capacity.placement import NO_LAYOUT, Layout
+from servewatch.capacity.requirement import Requirement
+from servewatch.capacity.sizing import SizingChain, size_chain
 
 
 @dataclass(frozen=True)

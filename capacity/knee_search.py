@@ -30,25 +30,31 @@ from enum import Enum
 
 import polars as pl
 
-from capacity.bootstrap import outward_interval
-from capacity.conversation_turns import conversation_turns
-from capacity.engine_fit import EngineFit, StepTime
-from capacity.figure import fmt
-from capacity.parallel import Mapper, serial_map
-from capacity.prefill_fit import PrefillFit, fit_first_turn_prefill
-from emulator.engine_params import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import (
+from servewatch.capacity.bootstrap import outward_interval
+from servewatch.capacity.conversation_turns import conversation_turns
+from servewatch.capacity.engine_fit import EngineFit, StepTime
+from servewatch.capacity.figure import fmt
+from servewatch.capacity.parallel import Mapper, serial_map
+from servewatch.capacity.prefill_fit import PrefillFit, fit_first_turn_prefill
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import (
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.ground_truth import (
     PROBE_START_S,
     capacity_at_slo,
     conversation_warmup_s,
     meets_slo,
 )
-from emulator.records import FinishedRequests
-from emulator.sampled_workload import SampledMix
-from emulator.workload import WorkloadSpec
-from pipeline.request_sli import with_tpot
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.sampled_workload import SampledMix
+from servewatch.emulator.workload import WorkloadSpec
+from servewatch.pipeline.request_sli import with_tpot
 
 UNLIMITED_S = 1e9  # a limit the requirement does not state
 MAX_SHAPES = 20_000

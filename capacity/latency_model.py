@@ -27,9 +27,9 @@ from enum import Enum
 
 import polars as pl
 
-from capacity.attainment_fit import MINUTE_S
-from capacity.bootstrap import outward_interval
-from capacity.figure import fmt
+from servewatch.capacity.attainment_fit import MINUTE_S
+from servewatch.capacity.bootstrap import outward_interval
+from servewatch.capacity.figure import fmt
 
 
 class LatencyKind(Enum):

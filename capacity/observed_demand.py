@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from capacity.figure import Figure, fmt, measured
+from servewatch.capacity.figure import Figure, fmt, measured
 
 MINUTE = timedelta(minutes=1)
 HIGH_QUANTILE = 0.99

@@ -26,7 +26,7 @@ from enum import Enum
 
 import polars as pl
 
-from capacity.attainment_fit import (
+from servewatch.capacity.attainment_fit import (
     AttainmentFit,
     AttainmentSpec,
     complete_minutes,
@@ -34,16 +34,21 @@ from capacity.attainment_fit import (
     minute_loads,
     request_outcomes,
 )
-from capacity.capacity_fit import LoadUnit
-from capacity.conversation_turns import without_continued_prefix
-from capacity.engine_fit import fit_engine, sampled_decode_steps
-from capacity.figure import Figure, fmt, measured
-from capacity.knee_search import KneeSearchSpec, ModelKnee, replays_conversations, search_knee
-from capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
-from capacity.parallel import Mapper, serial_map
-from capacity.requirement import Requirement
-from emulator.engine_params import EngineParams
-from emulator.fleet_config import RouterPolicy
+from servewatch.capacity.capacity_fit import LoadUnit
+from servewatch.capacity.conversation_turns import without_continued_prefix
+from servewatch.capacity.engine_fit import fit_engine, sampled_decode_steps
+from servewatch.capacity.figure import Figure, fmt, measured
+from servewatch.capacity.knee_search import (
+    KneeSearchSpec,
+    ModelKnee,
+    replays_conversations,
+    search_knee,
+)
+from servewatch.capacity.latency_model import LatencyModel, fit_tpot, fit_ttft, latency_minutes
+from servewatch.capacity.parallel import Mapper, serial_map
+from servewatch.capacity.requirement import Requirement
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet_config import RouterPolicy
 
 NO_POOL = "(no pool)"
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.bootstrap import outward_interval
-from capacity.conversation_turns import conversation_turns
-from capacity.figure import fmt
+from servewatch.capacity.bootstrap import outward_interval
+from servewatch.capacity.conversation_turns import conversation_turns
+from servewatch.capacity.figure import fmt
 
 MIN_FIRST_TURNS = 30
 

@@ -20,22 +20,22 @@ from dataclasses import replace
 from datetime import datetime
 from functools import partial
 
-from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figure
-from capacity.cost import AutoscaledFleet
-from capacity.decision_record import DecisionRecord
-from capacity.demand import RateDemand, TokenDemand
-from capacity.failure_table import RateUnit
-from capacity.figure import derived, fmt
-from capacity.fleet_drills import drill_candidates
-from capacity.fleet_size import FleetSize, size_fleet
-from capacity.observed_demand import ObservedDemand
-from capacity.parallel import Mapper, serial_map
-from capacity.placement import NO_LAYOUT, Layout
-from capacity.pool_capacity import PoolCapacity, pool_capacity_figure
-from capacity.requirement import Requirement, RequirementError, figures, replace_figure
-from capacity.risk import assess_risk, capacity_path
-from capacity.sizing import RateCapacity
+from servewatch.capacity.cache_hit_rate import HitRatioSpread
+from servewatch.capacity.capacity_fit import CapacityFit, KneeFit, LoadUnit, capacity_figure
+from servewatch.capacity.cost import AutoscaledFleet
+from servewatch.capacity.decision_record import DecisionRecord
+from servewatch.capacity.demand import RateDemand, TokenDemand
+from servewatch.capacity.failure_table import RateUnit
+from servewatch.capacity.figure import derived, fmt
+from servewatch.capacity.fleet_drills import drill_candidates
+from servewatch.capacity.fleet_size import FleetSize, size_fleet
+from servewatch.capacity.observed_demand import ObservedDemand
+from servewatch.capacity.parallel import Mapper, serial_map
+from servewatch.capacity.placement import NO_LAYOUT, Layout
+from servewatch.capacity.pool_capacity import PoolCapacity, pool_capacity_figure
+from servewatch.capacity.requirement import Requirement, RequirementError, figures, replace_figure
+from servewatch.capacity.risk import assess_risk, capacity_path
+from servewatch.capacity.sizing import RateCapacity
 
 
 def with_measured_capacity(requirement: Requirement, fit: KneeFit) -> tuple[Requirement, str]:

@@ -21,13 +21,13 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from capacity.cost import CostSpec, default_hours_per_month
-from capacity.demand import OBSERVED, RateDemand, TokenDemand
-from capacity.figure import Figure, SourceKind, assumed
-from capacity.placement import FailureUnit
-from capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
-from emulator.fleet_config import RouterPolicy
-from slo.fields import Fields, read_toml
+from servewatch.capacity.cost import CostSpec, default_hours_per_month
+from servewatch.capacity.demand import OBSERVED, RateDemand, TokenDemand
+from servewatch.capacity.figure import Figure, SourceKind, assumed
+from servewatch.capacity.placement import FailureUnit
+from servewatch.capacity.sizing import PrefillCompute, RateCapacity, ReplicaCapacity, TokenCapacity
+from servewatch.emulator.fleet_config import RouterPolicy
+from servewatch.slo.fields import Fields, read_toml
 
 DEFAULT_RECOVERY_INTERVAL_S = 180.0
 

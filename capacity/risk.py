@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from capacity.cache_hit_rate import HitRatioSpread
-from capacity.capacity_fit import KneeFit
-from capacity.demand import TokenDemand, affinity_loss_prefill
-from capacity.figure import Figure, fmt
-from capacity.fleet_size import FleetSize
-from capacity.placement import NO_LAYOUT, FailureUnit, Layout
-from capacity.requirement import Requirement, figures, replace_figure
-from capacity.sizing import RateCapacity, prefill_rate
+from servewatch.capacity.cache_hit_rate import HitRatioSpread
+from servewatch.capacity.capacity_fit import KneeFit
+from servewatch.capacity.demand import TokenDemand, affinity_loss_prefill
+from servewatch.capacity.figure import Figure, fmt
+from servewatch.capacity.fleet_size import FleetSize
+from servewatch.capacity.placement import NO_LAYOUT, FailureUnit, Layout
+from servewatch.capacity.requirement import Requirement, figures, replace_figure
+from servewatch.capacity.sizing import RateCapacity, prefill_rate
 
 _BISECTION_STEPS = 60
 _TINY = 1e-9

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from capacity.demand import DemandEstimate, prefill_share_needed
-from capacity.failure_table import RateUnit
-from capacity.figure import Figure, Step, derived, fmt
+from servewatch.capacity.demand import DemandEstimate, prefill_share_needed
+from servewatch.capacity.failure_table import RateUnit
+from servewatch.capacity.figure import Figure, Step, derived, fmt
 
 
 class Binding(Enum):

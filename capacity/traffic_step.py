@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from capacity.drill import (
+from servewatch.capacity.drill import (
     DRILL_START_S,
     MINUTE_S,
     WARMUP_S,
@@ -33,14 +33,14 @@ from capacity.drill import (
     judged_slo,
     run_sampled,
 )
-from capacity.figure import fmt
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.forwarding_source import ForwardingSource
-from emulator.ground_truth import meets_slo
-from emulator.records import FinishedRequests
-from emulator.workload import RequestSource, RequestSpec, WorkloadSpec
+from servewatch.capacity.figure import fmt
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
+from servewatch.emulator.forwarding_source import ForwardingSource
+from servewatch.emulator.ground_truth import meets_slo
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.workload import RequestSource, RequestSpec, WorkloadSpec
 
 MAX_WARM = 64
 

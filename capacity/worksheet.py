@@ -14,9 +14,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from capacity.decision_record import DecisionRecord
-from capacity.recommendation import recommend
-from capacity.requirement import RequirementError, load_requirement, parse_requirement
+from servewatch.capacity.decision_record import DecisionRecord
+from servewatch.capacity.recommendation import recommend
+from servewatch.capacity.requirement import RequirementError, load_requirement, parse_requirement
 
 WHERE = "size options"
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import orjson
 import polars as pl
 
-from pipeline.signals import Signal, Source
+from servewatch.pipeline.signals import Signal, Source
 
 # -- the catalogued sample ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from enum import StrEnum
 
 import polars as pl
 
-from collectors.catalogue import (
+from servewatch.collectors.catalogue import (
     Catalogue,
     CataloguedSample,
     CatalogueEntry,
@@ -34,7 +34,7 @@ from collectors.catalogue import (
     catalogue_frame,
     catalogue_page,
 )
-from pipeline.signals import Signal, Source
+from servewatch.pipeline.signals import Signal, Source
 
 
 class FieldType(StrEnum):

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from collectors.exposition import SAMPLES_SCHEMA, ParsedPage, SeriesCache, parse_exposition
+from servewatch.collectors.exposition import (
+    SAMPLES_SCHEMA,
+    ParsedPage,
+    SeriesCache,
+    parse_exposition,
+)
 
 BATCH_SCHEMA = pl.Schema({"page": pl.UInt32(), **SAMPLES_SCHEMA})
 

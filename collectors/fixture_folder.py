@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from collectors.exposition import page_text
-from collectors.metric_ingest import Page
-from collectors.targets import Target, TargetKind
+from servewatch.collectors.exposition import page_text
+from servewatch.collectors.metric_ingest import Page
+from servewatch.collectors.targets import Target, TargetKind
 
 FORMAT = "servewatch.fixture"
 SUPPORTED_VERSIONS = (1,)

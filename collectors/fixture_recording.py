@@ -28,9 +28,14 @@ import orjson
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.exposition import page_bytes
-from collectors.fixture_folder import FORMAT, PAGE_SUFFIX, SUPPORTED_VERSIONS, FixtureError
-from collectors.targets import Target
+from servewatch.collectors.exposition import page_bytes
+from servewatch.collectors.fixture_folder import (
+    FORMAT,
+    PAGE_SUFFIX,
+    SUPPORTED_VERSIONS,
+    FixtureError,
+)
+from servewatch.collectors.targets import Target
 
 MANIFEST_NAME = "manifest.json"
 SPANS_NAME = "spans.jsonl.gz"

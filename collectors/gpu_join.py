@@ -25,8 +25,8 @@ from enum import StrEnum
 
 import polars as pl
 
-from collectors.catalogue import Disposition
-from pipeline.signals import SIGNALS, Aggregation, Signal, signal_table
+from servewatch.collectors.catalogue import Disposition
+from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal, signal_table
 
 HOSTNAME_LABEL = "hostname"
 UUID_LABEL = "UUID"

@@ -17,21 +17,21 @@ from datetime import datetime
 
 import polars as pl
 
-from collectors.catalogue import (
+from servewatch.collectors.catalogue import (
     Catalogue,
     CatalogueEntry,
     Disposition,
     catalogue_frame,
     entry_value,
 )
-from collectors.dcgm_catalogue import DCGM_CATALOGUE
-from collectors.exposition import LineError, ParsedPage, SeriesCache
-from collectors.exposition_batch import parse_expositions
-from collectors.targets import Target, TargetKind, targets_frame
-from collectors.trace_ingest import Reject, rejects_frame
-from collectors.vllm_catalogue import VLLM_CATALOGUE
-from pipeline.store import Store
-from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from servewatch.collectors.dcgm_catalogue import DCGM_CATALOGUE
+from servewatch.collectors.exposition import LineError, ParsedPage, SeriesCache
+from servewatch.collectors.exposition_batch import parse_expositions
+from servewatch.collectors.targets import Target, TargetKind, targets_frame
+from servewatch.collectors.trace_ingest import Reject, rejects_frame
+from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE
+from servewatch.pipeline.store import Store
+from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
 MAX_ERRORS_IN_SCRAPE_ROW = 3
 _PAGE = ["target_id", "scrape_ts"]

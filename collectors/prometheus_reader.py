@@ -38,20 +38,20 @@ from enum import Enum
 
 import polars as pl
 
-from collectors.catalogue import CREATED_SUFFIX, Disposition, labels_json
-from collectors.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
-from collectors.prometheus_api import (
+from servewatch.collectors.catalogue import CREATED_SUFFIX, Disposition, labels_json
+from servewatch.collectors.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
+from servewatch.collectors.prometheus_api import (
     MAX_POINTS_PER_SERIES,
     AnswerProblem,
     Matrix,
     PrometheusApi,
     promql_string,
 )
-from collectors.targets import Target, TargetKind, targets_frame
-from collectors.trace_ingest import Reject, rejects_frame
-from collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
-from pipeline.store import Store
-from pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from servewatch.collectors.targets import Target, TargetKind, targets_frame
+from servewatch.collectors.trace_ingest import Reject, rejects_frame
+from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
+from servewatch.pipeline.store import Store
+from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 
 DEFAULT_CHUNK_POINTS = 720  # three hours of 15 s steps per query
 KIND_LABEL = "kind"

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from collectors.fixture_folder import Fixture, iter_fixture_pages, open_fixture
-from collectors.metric_ingest import MetricIngestReport, ingest_pages
-from collectors.request_spans import SpanMapping
-from collectors.trace_ingest import IngestReport, ingest_trace_files
-from pipeline.store import Store
+from servewatch.collectors.fixture_folder import Fixture, iter_fixture_pages, open_fixture
+from servewatch.collectors.metric_ingest import MetricIngestReport, ingest_pages
+from servewatch.collectors.request_spans import SpanMapping
+from servewatch.collectors.trace_ingest import IngestReport, ingest_trace_files
+from servewatch.pipeline.store import Store
 
 PAGES_PER_BATCH = 600
 

@@ -20,8 +20,8 @@ from typing import cast
 
 import polars as pl
 
-from collectors.otlp_json import STATUS_ERROR, AttrValue, Span
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.collectors.otlp_json import STATUS_ERROR, AttrValue, Span
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 EMULATED_ATTRIBUTE = "servewatch.emulated"
 

@@ -24,14 +24,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from collectors.scrape_schedule import (
+from servewatch.collectors.scrape_schedule import (
     TargetSchedule,
     catch_up,
     lag_s,
     next_after_scrape,
 )
-from collectors.scraper import ScrapeResult, scrape_target
-from collectors.targets import Target
+from servewatch.collectors.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.targets import Target
 
 log = logging.getLogger("servewatch.scrape")
 

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 
 import httpx
 
-from collectors.exposition import page_text
-from collectors.targets import Target
+from servewatch.collectors.exposition import page_text
+from servewatch.collectors.targets import Target
 
 ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"

@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from collectors.trace_ingest import Reject, rejects_frame
-from pipeline.store import Store
+from servewatch.collectors.trace_ingest import Reject, rejects_frame
+from servewatch.pipeline.store import Store
 
 WriteTask = Callable[[Store], object]  # what a task returns is ignored
 # Trace batches merged into one insert at most; about 50 exports of 1,000 spans.

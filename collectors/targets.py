@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import polars as pl
 import yaml
 
-from pipeline.tables import TARGETS_SCHEMA
+from servewatch.pipeline.tables import TARGETS_SCHEMA
 
 
 class TargetKind(Enum):

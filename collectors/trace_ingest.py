@@ -15,10 +15,10 @@ from pathlib import Path
 
 import polars as pl
 
-from collectors.otlp_json import read_trace_file
-from collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
-from pipeline.store import Store
-from pipeline.tables import INGEST_ERRORS_SCHEMA
+from servewatch.collectors.otlp_json import read_trace_file
+from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.pipeline.store import Store
+from servewatch.pipeline.tables import INGEST_ERRORS_SCHEMA
 
 WRITE_BATCH_ROWS = 100_000
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from collectors.catalogue import (
+from servewatch.collectors.catalogue import (
     Catalogue,
     CataloguedSample,
     CatalogueEntry,
@@ -32,7 +32,7 @@ from collectors.catalogue import (
     catalogue_frame,
     catalogue_page,
 )
-from pipeline.signals import SIGNALS, MetricType, Signal, Source
+from servewatch.pipeline.signals import SIGNALS, MetricType, Signal, Source
 
 CANONICAL_PREFIX = "vllm:"
 PREFIXES: tuple[str, ...] = ("vllm:", "vllm_")

@@ -14,8 +14,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import Column, ColumnKind, FrameContract, time_column
-from dashboards.panel import (
+from servewatch.dashboards.columns import Column, ColumnKind, FrameContract, time_column
+from servewatch.dashboards.panel import (
     ROW_PX,
     WIDTH_PX,
     TimeDomain,

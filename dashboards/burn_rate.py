@@ -16,15 +16,15 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.alert_band import SEVERITY_COLORS, band_rows, firing_bands_layer
-from dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
-from dashboards.downsampling import (
+from servewatch.dashboards.alert_band import SEVERITY_COLORS, band_rows, firing_bands_layer
+from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
+from servewatch.dashboards.downsampling import (
     MAX_POINTS_PER_SERIES,
     Reduction,
     bucket_start,
     buckets_for,
 )
-from dashboards.panel import (
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     TimeDomain,

@@ -18,8 +18,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import REPLICA, Column, ColumnKind, FrameContract
-from dashboards.panel import (
+from servewatch.dashboards.columns import REPLICA, Column, ColumnKind, FrameContract
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     compact,

@@ -17,7 +17,7 @@ from enum import Enum
 
 import polars as pl
 
-from dashboards.panel import TimeDomain, duration_label
+from servewatch.dashboards.panel import TimeDomain, duration_label
 
 MINUTE_S = 60
 BUCKET_LADDER_S: tuple[int, ...] = (

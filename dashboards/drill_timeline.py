@@ -14,8 +14,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import Column, ColumnKind, FrameContract
-from dashboards.panel import HEIGHT_PX, WIDTH_PX, compact, data_chart, level_rule, titled
+from servewatch.dashboards.columns import Column, ColumnKind, FrameContract
+from servewatch.dashboards.panel import HEIGHT_PX, WIDTH_PX, compact, data_chart, level_rule, titled
 
 TARGET_COLOR = "#c0392b"
 

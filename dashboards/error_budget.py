@@ -13,14 +13,14 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
-from dashboards.downsampling import (
+from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
+from servewatch.dashboards.downsampling import (
     MAX_POINTS_PER_SERIES,
     Reduction,
     bucket_start,
     buckets_for,
 )
-from dashboards.panel import (
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     RATIO_FIGURES,
     WIDTH_PX,

@@ -20,8 +20,8 @@ from typing import Any
 
 import vl_convert
 
-from dashboards.report import Report
-from dashboards.report_page import PageChart, render_page
+from servewatch.dashboards.report import Report
+from servewatch.dashboards.report_page import PageChart, render_page
 
 CHARTS_FOLDER = "charts"
 PNG_SCALE = 2.0

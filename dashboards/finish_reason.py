@@ -14,9 +14,9 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
-from dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
-from dashboards.panel import (
+from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
+from servewatch.dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     TimeDomain,
@@ -27,7 +27,7 @@ from dashboards.panel import (
     time_x,
     titled,
 )
-from pipeline.request_minutes import with_minute
+from servewatch.pipeline.request_minutes import with_minute
 
 REASON_ORDER: tuple[str, ...] = ("stop", "length", "repetition", "abort", "error")
 DERIVED_FROM_SPANS = (

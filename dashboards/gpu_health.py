@@ -15,15 +15,22 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import MINUTE_TS, REPLICA, Column, ColumnKind, FrameContract, time_column
-from dashboards.downsampling import (
+from servewatch.dashboards.columns import (
+    MINUTE_TS,
+    REPLICA,
+    Column,
+    ColumnKind,
+    FrameContract,
+    time_column,
+)
+from servewatch.dashboards.downsampling import (
     MAX_POINTS_PER_SERIES,
     Reduction,
     TimeBuckets,
     bucket_start,
     buckets_for,
 )
-from dashboards.panel import (
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     TimeDomain,

@@ -16,8 +16,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import Column, ColumnKind, FrameContract, time_column
-from dashboards.panel import (
+from servewatch.dashboards.columns import Column, ColumnKind, FrameContract, time_column
+from servewatch.dashboards.panel import (
     ROW_PX,
     WIDTH_PX,
     TimeDomain,
@@ -29,7 +29,7 @@ from dashboards.panel import (
     time_x,
     titled,
 )
-from pipeline.health_finding import Finding, FindingKind
+from servewatch.pipeline.health_finding import Finding, FindingKind
 
 KIND_COLORS = {
     FindingKind.SLOW_REPLICA.value: "#d62728",

@@ -15,9 +15,14 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
-from dashboards.downsampling import MAX_POINTS_PER_SERIES, Reduction, bucket_start, buckets_for
-from dashboards.panel import (
+from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
+from servewatch.dashboards.downsampling import (
+    MAX_POINTS_PER_SERIES,
+    Reduction,
+    bucket_start,
+    buckets_for,
+)
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     TimeDomain,
@@ -28,8 +33,8 @@ from dashboards.panel import (
     series_lines,
     titled,
 )
-from pipeline.request_minutes import with_minute
-from pipeline.request_sli import with_tpot
+from servewatch.pipeline.request_minutes import with_minute
+from servewatch.pipeline.request_sli import with_tpot
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 LIMIT_COLOR = "#c0392b"

@@ -19,36 +19,43 @@ from typing import Any
 
 import polars as pl
 
-from dashboards.alert_band import alert_bands_chart
-from dashboards.attainment import attainment_chart, goodput_chart
-from dashboards.burn_rate import burn_rate_chart
-from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
-from dashboards.drill_timeline import drill_timeline_chart
-from dashboards.error_budget import budget_remaining_chart
-from dashboards.failure_table import failure_table_chart
-from dashboards.finish_reason import (
+from servewatch.dashboards.alert_band import alert_bands_chart
+from servewatch.dashboards.attainment import attainment_chart, goodput_chart
+from servewatch.dashboards.burn_rate import burn_rate_chart
+from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
+from servewatch.dashboards.drill_timeline import drill_timeline_chart
+from servewatch.dashboards.error_budget import budget_remaining_chart
+from servewatch.dashboards.failure_table import failure_table_chart
+from servewatch.dashboards.finish_reason import (
     DERIVED_FROM_SPANS,
     finish_reason_chart,
     finish_reasons_from_requests,
 )
-from dashboards.gpu_health import gpu_health_chart
-from dashboards.health_findings import (
+from servewatch.dashboards.gpu_health import gpu_health_chart
+from servewatch.dashboards.health_findings import (
     findings_frame,
     findings_table_chart,
     findings_timeline_chart,
 )
-from dashboards.kv_usage import kv_usage_heatmap
-from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
-from dashboards.panel import TimeDomain, natural_order
-from dashboards.prefix_cache import prefix_cache_chart
-from dashboards.request_length import LengthKind, lengths_from_requests, request_length_chart
-from dashboards.request_phase import phases_from_requests, request_phase_chart
-from dashboards.scheduler_state import scheduler_state_chart
-from dashboards.token_throughput import throughput_from_request_minutes, token_throughput_chart
-from dashboards.tornado import tornado_chart
-from pipeline.health_finding import Finding
-from pipeline.request_minutes import request_minutes
-from pipeline.request_sli import GoodputLimits
+from servewatch.dashboards.kv_usage import kv_usage_heatmap
+from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.panel import TimeDomain, natural_order
+from servewatch.dashboards.prefix_cache import prefix_cache_chart
+from servewatch.dashboards.request_length import (
+    LengthKind,
+    lengths_from_requests,
+    request_length_chart,
+)
+from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
+from servewatch.dashboards.scheduler_state import scheduler_state_chart
+from servewatch.dashboards.token_throughput import (
+    throughput_from_request_minutes,
+    token_throughput_chart,
+)
+from servewatch.dashboards.tornado import tornado_chart
+from servewatch.pipeline.health_finding import Finding
+from servewatch.pipeline.request_minutes import request_minutes
+from servewatch.pipeline.request_sli import GoodputLimits
 
 Frame = pl.DataFrame | pl.LazyFrame
 TRACES = "traced requests"

@@ -11,9 +11,9 @@ from typing import Any
 
 import polars as pl
 
-from dashboards.columns import MINUTE_TS, REPLICA, Column, ColumnKind, FrameContract
-from dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
-from dashboards.panel import (
+from servewatch.dashboards.columns import MINUTE_TS, REPLICA, Column, ColumnKind, FrameContract
+from servewatch.dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
+from servewatch.dashboards.panel import (
     HEIGHT_PX,
     WIDTH_PX,
     TimeDomain,

@@ -16,8 +16,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from dashboards.columns import Column, ColumnKind, FrameContract
-from dashboards.panel import ROW_PX, WIDTH_PX, data_chart, titled
+from servewatch.dashboards.columns import Column, ColumnKind, FrameContract
+from servewatch.dashboards.panel import ROW_PX, WIDTH_PX, data_chart, titled
 
 TORNADO_CONTRACT = FrameContract(
     "sensitivity tornado",

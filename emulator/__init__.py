@@ -7,6 +7,6 @@ The hot modules may run compiled (emulator/native.py): only a build made from ex
 current sources is ever loaded, otherwise the sources run as they are.
 """
 
-from emulator import native as _native
+from servewatch.emulator import native as _native
 
 _native.activate(__path__)

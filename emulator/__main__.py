@@ -1,8 +1,8 @@
-"""`python -m emulator native build|status`: the emulator's own maintenance commands."""
+"""`python -m servewatch.emulator native build|status`: the emulator's own maintenance commands."""
 
 import sys
 
-from emulator import native
+from servewatch.emulator import native
 
 if __name__ == "__main__":
     # One command group today; native.main prints the usage for anything else.

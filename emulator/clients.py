@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass
 from enum import Enum
 
-from emulator.forwarding_source import ForwardingSource
-from emulator.workload import RequestSource, RequestSpec, SpecError
+from servewatch.emulator.forwarding_source import ForwardingSource
+from servewatch.emulator.workload import RequestSource, RequestSpec, SpecError
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from emulator.records import (
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedRequest,
     ReplicaEvent,

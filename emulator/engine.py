@@ -40,9 +40,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Protocol
 
-from emulator.engine_params import EngineParams
-from emulator.records import EngineSteps, FinishedReason, FinishedRequest, ReplicaState
-from emulator.workload import PrefixSegment, RequestSpec
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.records import EngineSteps, FinishedReason, FinishedRequest, ReplicaState
+from servewatch.emulator.workload import PrefixSegment, RequestSpec
 
 # EngineParams lives in emulator/engine_params.py and is re-exported: callers build an engine
 # from this module alone.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emulator.workload import SpecError
+from servewatch.emulator.workload import SpecError
 
 
 @dataclass(frozen=True)

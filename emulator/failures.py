@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from emulator.records import ReplicaPlacement
-from emulator.workload import SpecError
+from servewatch.emulator.records import ReplicaPlacement
+from servewatch.emulator.workload import SpecError
 
 
 class FailureKind(Enum):

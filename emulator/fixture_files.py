@@ -2,8 +2,8 @@
 
 Fixture mode writes a hundred thousand pages and about 2 GB of span JSON a day; formatting
 spans, compressing and writing cost about as much as the simulation itself. `FixtureFiles`
-hands that work to a helper process (`python -m emulator.fixture_files`) through a pipe, so it
-runs on the second core: finished requests and replica events go over in batches and the
+hands that work to a helper process (`python -m servewatch.emulator.fixture_files`) through a
+pipe, so it runs on the second core: finished requests and replica events go over in batches and the
 helper turns them into span lines (`JsonLinesSpanOutput`); vLLM pages go over as their sample
 values (a tenth of the text) and DCGM pages as text, and the helper renders, compresses and
 writes them. A thread would not do: it must take the GIL back from the
@@ -30,9 +30,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
-from emulator.records import FinishedRequest, ReplicaEvent, ReplicaEventKind, ReplicaPlacement
-from emulator.span_output import JsonLinesSpanOutput, SpanFields, jsonl_span_output, span_fields
-from emulator.vllm_metrics import EngineSettings, render_page_values
+from servewatch.emulator.records import (
+    FinishedRequest,
+    ReplicaEvent,
+    ReplicaEventKind,
+    ReplicaPlacement,
+)
+from servewatch.emulator.span_output import (
+    JsonLinesSpanOutput,
+    SpanFields,
+    jsonl_span_output,
+    span_fields,
+)
+from servewatch.emulator.vllm_metrics import EngineSettings, render_page_values
 
 _HEADER = struct.Struct("<BIQ")  # kind, path length in bytes, data length in bytes
 _SETUP, _PAGE, _RECORDS, _VLLM_PAGE = 1, 2, 3, 4
@@ -187,13 +197,15 @@ class FixtureFiles:
         conversation_ids: bool = False,
     ) -> None:
         placement_list = list(placements)
-        package_root = str(Path(__file__).resolve().parents[1])
+        # The folder that holds the `servewatch` package, as this module was imported (a
+        # source tree or site-packages): the helper imports the same code.
+        package_root = str(Path(__file__).parents[len(__name__.split(".")) - 1])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "emulator.fixture_files"],
+            [sys.executable, "-m", "servewatch.emulator.fixture_files"],
             stdin=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,

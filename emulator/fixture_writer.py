@@ -28,18 +28,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from emulator.dcgm_metrics import DcgmObserver, GpuSpec
-from emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.records import (
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from servewatch.emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedRequest,
     ReplicaEvent,
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.vllm_metrics import PAGE_CONTENT_TYPE, EngineSettings, VllmMetricsObserver
+from servewatch.emulator.vllm_metrics import PAGE_CONTENT_TYPE, EngineSettings, VllmMetricsObserver
 
 FORMAT = "servewatch.fixture"
 FORMAT_VERSION = 1

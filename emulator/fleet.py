@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from emulator.engine import ReplicaEngine
-from emulator.failures import ActionKind, FailureAction, failure_timeline
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec
-from emulator.records import (
+from servewatch.emulator.engine import ReplicaEngine
+from servewatch.emulator.failures import ActionKind, FailureAction, failure_timeline
+from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec
+from servewatch.emulator.records import (
     FinishedReason,
     FinishedRequest,
     FleetObserver,
@@ -38,7 +38,7 @@ from emulator.records import (
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.workload import RequestSource, RequestSpec, request_source
+from servewatch.emulator.workload import RequestSource, RequestSpec, request_source
 
 DOWN = 1 << 62
 """The load a router sees for a replica that is down: larger than any real load."""

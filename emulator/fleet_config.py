@@ -19,11 +19,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from emulator.engine import EngineParams
-from emulator.failures import FailureKind, FailureSpec, check_targets
-from emulator.records import ReplicaPlacement
-from emulator.trace_replay import TraceFormat
-from emulator.workload import (
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.failures import FailureKind, FailureSpec, check_targets
+from servewatch.emulator.records import ReplicaPlacement
+from servewatch.emulator.trace_replay import TraceFormat
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,

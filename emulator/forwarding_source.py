@@ -3,7 +3,7 @@ a stream (clients that retry, a ramped rate, a merged backlog, a log of what was
 
 from __future__ import annotations
 
-from emulator.workload import RequestSource, RequestSpec
+from servewatch.emulator.workload import RequestSource, RequestSpec
 
 
 class ForwardingSource:

@@ -23,13 +23,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from emulator.engine import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.forwarding_source import ForwardingSource
-from emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
-from emulator.sampled_workload import SampledMix
-from emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, WorkloadSpec
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import (
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.forwarding_source import ForwardingSource
+from servewatch.emulator.records import EngineSteps, FinishedRequest, ReplicaEvent
+from servewatch.emulator.sampled_workload import SampledMix
+from servewatch.emulator.workload import RequestSource, RequestSpec, SyntheticWorkload, WorkloadSpec
 
 PROBE_START_S = 1_800_000_000.0  # any instant will do; probes never read a wall clock
 MIN_RATE_RPS = 1e-3

@@ -23,19 +23,19 @@ from typing import Any
 
 from prometheus_client.exposition import generate_latest, gzip_accepted
 
-from emulator.dcgm_metrics import PAGE_CONTENT_TYPE as DCGM_CONTENT_TYPE
-from emulator.dcgm_metrics import DcgmObserver, GpuSpec
-from emulator.fixture_writer import Simulation, TargetKind, fleet_targets, state_list
-from emulator.records import (
+from servewatch.emulator.dcgm_metrics import PAGE_CONTENT_TYPE as DCGM_CONTENT_TYPE
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from servewatch.emulator.fixture_writer import Simulation, TargetKind, fleet_targets, state_list
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedRequest,
     ReplicaEvent,
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.span_output import SpanOutput
-from emulator.vllm_metrics import PAGE_CONTENT_TYPE as VLLM_CONTENT_TYPE
-from emulator.vllm_metrics import EngineSettings, VllmMetricsObserver
+from servewatch.emulator.span_output import SpanOutput
+from servewatch.emulator.vllm_metrics import PAGE_CONTENT_TYPE as VLLM_CONTENT_TYPE
+from servewatch.emulator.vllm_metrics import EngineSettings, VllmMetricsObserver
 
 LOOPBACK = "127.0.0.1"
 METRICS_PATH = "/metrics"

@@ -4,7 +4,7 @@ Fixture mode must simulate a day of a 12-replica fleet (1.7M requests) in under 
 which the pure-Python engine cannot do on its own. mypyc compiles the hot modules
 (`NATIVE_MODULES`) from the same typed sources, with the same behaviour, about twice as fast.
 
-The build never lands in the source tree. `python -m emulator native build` copies the
+The build never lands in the source tree. `python -m servewatch.emulator native build` copies the
 package's sources, compiles the copy, and installs the extension modules in
 `<sys.prefix>/servewatch-native/<key>/`, where the key hashes every source file of the package
 (the compiled modules depend on the types of the others) and the interpreter's tag. On import,
@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-PACKAGE = "emulator"
+PACKAGE = "servewatch.emulator"
+PACKAGE_PATH = Path(*PACKAGE.split("."))  # where the package sits below a build's root
 PACKAGE_DIR = Path(__file__).resolve().parent
 NATIVE_MODULES = (
     "records",
@@ -115,7 +116,7 @@ def activate(package_path: list[str]) -> NativeStatus:
     except (OSError, ValueError, ImportError) as exc:
         _status = NativeStatus(False, folder, f"build unusable: {exc}")
         return _status
-    package_path.insert(0, str(folder / PACKAGE))
+    package_path.insert(0, str(folder / PACKAGE_PATH))
     _status = NativeStatus(True, folder, "build matches the sources")
     return _status
 
@@ -153,8 +154,11 @@ def build(*, root: Path | None = None, quiet: bool = False) -> Path:
     root = root or native_root()
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=root) as tmp:
-        work = Path(tmp) / "src" / PACKAGE
+        src = Path(tmp) / "src"
+        work = src / PACKAGE_PATH
         work.mkdir(parents=True)
+        # The namespace package, empty: the emulator imports nothing else of the project.
+        (src / PACKAGE_PATH.parent / "__init__.py").touch()
         for path in sorted(PACKAGE_DIR.glob("*.py")):
             shutil.copy2(path, work / path.name)
         # Keyed by the copy, not the tree: an edit made during the build lands elsewhere.
@@ -167,22 +171,22 @@ def build(*, root: Path | None = None, quiet: bool = False) -> Path:
             sys.executable,
             "-m",
             "mypyc",
-            *(f"{PACKAGE}/{name}.py" for name in NATIVE_MODULES),
+            *(str(PACKAGE_PATH / f"{name}.py") for name in NATIVE_MODULES),
         ]
         result = subprocess.run(  # noqa: S603 (our own interpreter, fixed arguments)
-            command, cwd=work.parent, capture_output=True, text=True, check=False
+            command, cwd=src, capture_output=True, text=True, check=False
         )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
             raise NativeBuildError(f"mypyc exited with {result.returncode}:\n{tail}")
         staged = Path(tmp) / "out"
-        (staged / PACKAGE).mkdir(parents=True)
+        (staged / PACKAGE_PATH).mkdir(parents=True)
         for name in NATIVE_MODULES:
             extension = _extension_path(work, name)
             if extension is None:
                 raise NativeBuildError(f"mypyc built no extension for {PACKAGE}.{name}")
-            shutil.copy2(extension, staged / PACKAGE / extension.name)
-        shared = [p for p in work.parent.glob("*__mypyc.*") if p.suffix == ".so"]
+            shutil.copy2(extension, staged / PACKAGE_PATH / extension.name)
+        shared = [p for p in src.glob("*__mypyc.*") if p.suffix == ".so"]
         if len(shared) > 1:
             raise NativeBuildError(f"several shared libraries: {[p.name for p in shared]}")
         shared_name = shared[0].name.split(".")[0] if shared else None
@@ -218,8 +222,8 @@ def _say(line: str, *, stream: TextIO | None = None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m emulator native build|status` (emulator/__main__.py)."""
-    usage = "usage: python -m emulator native build|status"
+    """`python -m servewatch.emulator native build|status` (emulator/__main__.py)."""
+    usage = "usage: python -m servewatch.emulator native build|status"
     if argv == ["build"]:
         try:
             build()

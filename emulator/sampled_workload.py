@@ -22,7 +22,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from emulator.workload import PrefixSegment, RequestSpec, SpecError
+from servewatch.emulator.workload import PrefixSegment, RequestSpec, SpecError
 
 
 @dataclass(frozen=True)

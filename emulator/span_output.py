@@ -32,14 +32,14 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from emulator.otlp_jsonl import (
+from servewatch.emulator.otlp_jsonl import (
     export_line,
     json_string,
     key_prefix,
     resource_spans_parts,
     spans_to_otlp_json,
 )
-from emulator.records import (
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedReason,
     FinishedRequest,
@@ -47,7 +47,7 @@ from emulator.records import (
     ReplicaEventKind,
     ReplicaPlacement,
 )
-from emulator.request_span import NS_PER_S, SPAN_NAME, RequestTiming, request_span
+from servewatch.emulator.request_span import NS_PER_S, SPAN_NAME, RequestTiming, request_span
 
 EMULATED_ATTRIBUTE = "servewatch.emulated"
 TENANT_ATTRIBUTE = "servewatch.tenant"

@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from emulator.records import (
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedReason,
     FinishedRequest,

@@ -24,7 +24,7 @@ from enum import Enum
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from emulator.trace_replay import TraceFormat, TraceRecord, read_trace
+from servewatch.emulator.trace_replay import TraceFormat, TraceRecord, read_trace
 
 SECONDS_PER_DAY = 86_400.0
 

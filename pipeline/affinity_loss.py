@@ -30,9 +30,15 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.replica_minutes import counter_increase_minutes, replica_pools
-from pipeline.signals import Signal
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
+from servewatch.pipeline.replica_minutes import counter_increase_minutes, replica_pools
+from servewatch.pipeline.signals import Signal
 
 _RESET_SIGNALS = (
     Signal.PREFIX_CACHE_QUERIES_TOKENS,

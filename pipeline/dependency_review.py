@@ -21,7 +21,13 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
 
 NO_POOL = "(no pool)"
 

@@ -23,10 +23,20 @@ from datetime import datetime
 
 import polars as pl
 
-from pipeline.health_episodes import episode_end, flagged_episodes
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.replica_minutes import counter_increase_minutes, gauge_minutes, quantile_minutes
-from pipeline.signals import Signal
+from servewatch.pipeline.health_episodes import episode_end, flagged_episodes
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
+from servewatch.pipeline.replica_minutes import (
+    counter_increase_minutes,
+    gauge_minutes,
+    quantile_minutes,
+)
+from servewatch.pipeline.signals import Signal
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from datetime import datetime
 
 import polars as pl
 
-from pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from pipeline.metric_sli import Scope, counter_minutes, gauge_stats
-from pipeline.promql import histogram_quantile_frame
-from pipeline.signals import Signal
+from servewatch.pipeline.metric_minutes import MINUTE_S, minute_ends_s
+from servewatch.pipeline.metric_sli import Scope, counter_minutes, gauge_stats
+from servewatch.pipeline.promql import histogram_quantile_frame
+from servewatch.pipeline.signals import Signal
 
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
 LATENCY_SIGNALS = (

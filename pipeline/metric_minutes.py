@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from pipeline.metric_sli import counter_minutes
-from pipeline.signals import Signal
-from pipeline.tables import SLO_MINUTES_SCHEMA
+from servewatch.pipeline.metric_sli import counter_minutes
+from servewatch.pipeline.signals import Signal
+from servewatch.pipeline.tables import SLO_MINUTES_SCHEMA
 
 MINUTE_S = 60.0
 _GROUP = ("replica", "pool", "model")

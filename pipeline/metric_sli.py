@@ -16,8 +16,8 @@ from itertools import pairwise
 
 import polars as pl
 
-from pipeline.promql import histogram_quantile_frame, increase_frame
-from pipeline.signals import Signal
+from servewatch.pipeline.promql import histogram_quantile_frame, increase_frame
+from servewatch.pipeline.signals import Signal
 
 ENGINE_SOURCES = ("vllm_engine", "dcgm")
 DIMENSIONS = ("replica", "host", "zone", "pool", "model")

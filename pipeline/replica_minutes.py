@@ -14,9 +14,9 @@ from datetime import datetime
 
 import polars as pl
 
-from pipeline.metric_sli import counter_minutes
-from pipeline.promql import histogram_quantile_frame
-from pipeline.signals import Signal
+from servewatch.pipeline.metric_sli import counter_minutes
+from servewatch.pipeline.promql import histogram_quantile_frame
+from servewatch.pipeline.signals import Signal
 
 MINUTE = pl.duration(minutes=1)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.request_sli import with_tpot
-from pipeline.tables import SLO_MINUTES_SCHEMA
+from servewatch.pipeline.request_sli import with_tpot
+from servewatch.pipeline.tables import SLO_MINUTES_SCHEMA
 
 SLO_DIMENSIONS = ("replica", "pool", "model", "tenant")
 

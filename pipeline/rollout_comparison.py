@@ -26,9 +26,15 @@ from enum import Enum
 
 import polars as pl
 
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.metric_sli import DIMENSIONS, counter_deltas
-from pipeline.signals import Signal
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
+from servewatch.pipeline.metric_sli import DIMENSIONS, counter_deltas
+from servewatch.pipeline.signals import Signal
 
 FAILED_REASONS = ("error", "abort")
 NO_POOL = "(no pool)"

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from pipeline.request_minutes import EventCriterion
-from pipeline.store import MinuteRollupSwap, Store
+from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.pipeline.store import MinuteRollupSwap, Store
 
 
 @dataclass(frozen=True)

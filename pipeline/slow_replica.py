@@ -23,15 +23,21 @@ from datetime import datetime
 
 import polars as pl
 
-from pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.replica_minutes import (
+from servewatch.pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
+from servewatch.pipeline.replica_minutes import (
     counter_increase_minutes,
     gauge_minutes,
     quantile_minutes,
     replica_pools,
 )
-from pipeline.signals import Signal
+from servewatch.pipeline.signals import Signal
 
 _MIN_FALSE_ALARM_RATIO = 0.05
 

@@ -19,7 +19,7 @@ from typing import Protocol, Self
 import duckdb
 import polars as pl
 
-from pipeline.tables import (
+from servewatch.pipeline.tables import (
     ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
     RECOMMENDATIONS_SCHEMA,

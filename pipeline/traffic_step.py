@@ -26,12 +26,22 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from pipeline.health_episodes import episode_end, flagged_episodes
-from pipeline.health_finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.metric_sli import counter_minutes
-from pipeline.promql import histogram_quantile_frame
-from pipeline.replica_minutes import counter_increase_minutes, gauge_minutes, replica_pools
-from pipeline.signals import Signal
+from servewatch.pipeline.health_episodes import episode_end, flagged_episodes
+from servewatch.pipeline.health_finding import (
+    Evidence,
+    Finding,
+    FindingKind,
+    HealthInputs,
+    ScopeUnit,
+)
+from servewatch.pipeline.metric_sli import counter_minutes
+from servewatch.pipeline.promql import histogram_quantile_frame
+from servewatch.pipeline.replica_minutes import (
+    counter_increase_minutes,
+    gauge_minutes,
+    replica_pools,
+)
+from servewatch.pipeline.signals import Signal
 
 _SHED_REASONS = ("abort", "error")
 

@@ -34,40 +34,24 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
-from capacity.decision_record import drill_section_json
-from capacity.drill import DrillSpec
-from capacity.parallel import process_map
-from capacity.placement import FailureUnit
-from capacity.requirement import RequirementError, load_requirement
-from capacity.worksheet import size as size_worksheet
-from capacity.worksheet import size_from_file
-from collectors.exposition import page_text
-from collectors.fixture_folder import FixtureError
-from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from collectors.prometheus_api import PrometheusApiError
-from collectors.prometheus_reader import ImportWindow, Resolution
-from collectors.replay import fixture_page_count, replay_fixture
-from collectors.targets import Target, TargetKind
-from collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
-from dashboards.export import write_report
-from emulator.clients import RetryPolicy
-from emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
-from emulator.native import describe as emulator_implementation
-from emulator.workload import SpecError as EmulatorSpecError
-from pipeline.request_sli import GoodputLimits
-from pipeline.rollout_comparison import VersionLabelError
-from pipeline.store import (
-    SchemaTooNewError,
-    Store,
-    StoreError,
-    StoreMissingError,
-    StorePathError,
-    damage_error,
-    utc_now,
-)
-from pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch import __version__
+from servewatch.capacity.decision_record import drill_section_json
+from servewatch.capacity.drill import DrillSpec
+from servewatch.capacity.parallel import process_map
+from servewatch.capacity.placement import FailureUnit
+from servewatch.capacity.requirement import RequirementError, load_requirement
+from servewatch.capacity.worksheet import size as size_worksheet
+from servewatch.capacity.worksheet import size_from_file
+from servewatch.collectors.exposition import page_text
+from servewatch.collectors.fixture_folder import FixtureError
+from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.prometheus_api import PrometheusApiError
+from servewatch.collectors.prometheus_reader import ImportWindow, Resolution
+from servewatch.collectors.replay import fixture_page_count, replay_fixture
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from servewatch.config import Config, ConfigError, load_config
+from servewatch.dashboards.export import write_report
 from servewatch.demo import DemoError, run_demo
 from servewatch.drill_service import (
     DrillSetupError,
@@ -78,6 +62,10 @@ from servewatch.drill_service import (
     store_drill,
 )
 from servewatch.emulation import record_emulated_fleet, serve_emulated_fleet
+from servewatch.emulator.clients import RetryPolicy
+from servewatch.emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
+from servewatch.emulator.native import describe as emulator_implementation
+from servewatch.emulator.workload import SpecError as EmulatorSpecError
 from servewatch.health_service import (
     DEFAULT_VERSION_LABEL,
     finding_json,
@@ -85,6 +73,18 @@ from servewatch.health_service import (
     health_window,
 )
 from servewatch.instants import format_instant, parse_duration, parse_instant
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.rollout_comparison import VersionLabelError
+from servewatch.pipeline.store import (
+    SchemaTooNewError,
+    Store,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+    utc_now,
+)
+from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.recommend_service import recommend_from_store
 from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
@@ -107,12 +107,12 @@ from servewatch.report_service import store_report
 from servewatch.scraping import resolve_targets, scrape_round, scrape_until
 from servewatch.service import Service
 from servewatch.sli_report import Grouping, SliSource, build_sli_report
+from servewatch.slo.alert_state import changes_from_frame
+from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.fields import SpecError
+from servewatch.slo.prometheus_rules import prometheus_rules
+from servewatch.slo.spec import SloSpec
 from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
-from slo.alert_state import changes_from_frame
-from slo.alertmanager import AlertmanagerNotifier
-from slo.fields import SpecError
-from slo.prometheus_rules import prometheus_rules
-from slo.spec import SloSpec
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.otlp_receiver import ReceiverConfig
-from collectors.request_spans import SpanMapping
-from collectors.targets import (
+from servewatch.collectors.otlp_receiver import ReceiverConfig
+from servewatch.collectors.request_spans import SpanMapping
+from servewatch.collectors.targets import (
     Target,
     TargetError,
     check_scrape_url,
     gpu_count,
     target_from_labels,
 )
-from slo.fields import Fields, read_toml
+from servewatch.slo.fields import Fields, read_toml
 
 
 class ConfigError(ValueError):

@@ -23,29 +23,29 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from capacity.parallel import process_map
-from capacity.requirement import load_requirement
-from collectors.replay import replay_fixture
-from dashboards.export import write_report
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fixture_writer import record_fleet
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
-from emulator.live_server import LiveFleetServer, run_live
-from emulator.span_output import SpanOutput, otlp_http_span_output
-from emulator.vllm_metrics import EngineSettings
-from emulator.workload import ArrivalKind, ArrivalSpec, Distribution
-from pipeline.request_sli import GoodputLimits
-from pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
-from pipeline.store import Store
+from servewatch.capacity.parallel import process_map
+from servewatch.capacity.requirement import load_requirement
+from servewatch.collectors.replay import replay_fixture
+from servewatch.dashboards.export import write_report
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
+from servewatch.emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
+from servewatch.emulator.live_server import LiveFleetServer, run_live
+from servewatch.emulator.span_output import SpanOutput, otlp_http_span_output
+from servewatch.emulator.vllm_metrics import EngineSettings
+from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from servewatch.health_service import finding_json, health_findings
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
+from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.service import Service
+from servewatch.slo.alert_state import changes_to_frame
+from servewatch.slo.alerting import replay as replay_alerts
 from servewatch.slo_service import load_specs, slo_minutes_at, status_at
-from slo.alert_state import changes_to_frame
-from slo.alerting import replay as replay_alerts
 
 DAY_START_S = 1_795_046_400.0  # 2026-11-19T00:00:00Z
 DEMO_LIMITS = GoodputLimits(ttft_s=0.5, tpot_s=0.05)

@@ -12,16 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from capacity.drill import ConfiguredWorkload, DrillFleet, DrillResult, DrillSpec, run_drill
-from capacity.fleet_drills import DrilledRow, FleetDrills, drill_row, drill_spec
-from capacity.parallel import process_map
-from capacity.pool_capacity import PoolCapacity
-from capacity.recommendation import drill_demand_rps
-from capacity.requirement import Requirement
-from capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
-from emulator.fleet_config import FleetConfig
-from emulator.ground_truth import fleet_capacity_for_config
-from pipeline.store import Store
+from servewatch.capacity.drill import (
+    ConfiguredWorkload,
+    DrillFleet,
+    DrillResult,
+    DrillSpec,
+    run_drill,
+)
+from servewatch.capacity.fleet_drills import DrilledRow, FleetDrills, drill_row, drill_spec
+from servewatch.capacity.parallel import process_map
+from servewatch.capacity.pool_capacity import PoolCapacity
+from servewatch.capacity.recommendation import drill_demand_rps
+from servewatch.capacity.requirement import Requirement
+from servewatch.capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.ground_truth import fleet_capacity_for_config
+from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulator.fixture_writer import record_fleet
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
-from emulator.live_server import LiveFleetServer, run_live
-from emulator.span_output import otlp_http_span_output
-from emulator.vllm_metrics import EngineSettings
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
+from servewatch.emulator.live_server import LiveFleetServer, run_live
+from servewatch.emulator.span_output import otlp_http_span_output
+from servewatch.emulator.vllm_metrics import EngineSettings
 
 
 def record_emulated_fleet(

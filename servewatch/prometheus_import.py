@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from collectors.prometheus_api import PrometheusApi
-from collectors.prometheus_reader import (
+from servewatch.collectors.prometheus_api import PrometheusApi
+from servewatch.collectors.prometheus_reader import (
     ImportWindow,
     PrometheusImportReport,
     import_range,
     plan_import,
 )
-from pipeline.store import Store
 from servewatch.instants import format_instant
+from servewatch.pipeline.store import Store
 from servewatch.render import err_console
 
 DEFAULT_TIMEOUT_S = 60.0

@@ -15,22 +15,22 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from capacity.attainment_fit import AttainmentSpec
-from capacity.cache_hit_rate import HITS, QUERIES, HitRatioSpread, observe_hit_ratio
-from capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
-from capacity.decision_record import DecisionRecord
-from capacity.observed_demand import ObservedDemand, observed_demand
-from capacity.parallel import Mapper, serial_map
-from capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
-from capacity.pool_capacity import PoolCapacity, engine_model_settings, pool_capacities
-from capacity.recommendation import recommend
-from capacity.requirement import Requirement
-from capacity.sizing import RateCapacity
-from pipeline.metric_frames import metric_minute_frames
-from pipeline.metric_minutes import MINUTE_S
-from pipeline.metric_sli import series_dimensions
-from pipeline.rollup_job import roll_up_request_minutes
-from pipeline.store import Store
+from servewatch.capacity.attainment_fit import AttainmentSpec
+from servewatch.capacity.cache_hit_rate import HITS, QUERIES, HitRatioSpread, observe_hit_ratio
+from servewatch.capacity.capacity_fit import FitSpec, KneeFit, LoadUnit, fit_capacity
+from servewatch.capacity.decision_record import DecisionRecord
+from servewatch.capacity.observed_demand import ObservedDemand, observed_demand
+from servewatch.capacity.parallel import Mapper, serial_map
+from servewatch.capacity.placement import NO_LAYOUT, Layout, layout_from_inventory
+from servewatch.capacity.pool_capacity import PoolCapacity, engine_model_settings, pool_capacities
+from servewatch.capacity.recommendation import recommend
+from servewatch.capacity.requirement import Requirement
+from servewatch.capacity.sizing import RateCapacity
+from servewatch.pipeline.metric_frames import metric_minute_frames
+from servewatch.pipeline.metric_minutes import MINUTE_S
+from servewatch.pipeline.metric_sli import series_dimensions
+from servewatch.pipeline.rollup_job import roll_up_request_minutes
+from servewatch.pipeline.store import Store
 
 FIT_SEED = 20261129
 HIT_RATIO_WINDOWS = 6  # at least this many windows for the hit ratio's spread, up to hourly

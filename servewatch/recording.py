@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 import polars as pl
 
-from collectors.fixture_recording import FixtureRecording
-from collectors.otlp_receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
-from collectors.scraper import ScrapeResult, scrape_targets
-from collectors.store_writer import TraceCommit
-from collectors.targets import Target
-from collectors.trace_ingest import Reject
+from servewatch.collectors.fixture_recording import FixtureRecording
+from servewatch.collectors.otlp_receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
+from servewatch.collectors.scraper import ScrapeResult, scrape_targets
+from servewatch.collectors.store_writer import TraceCommit
+from servewatch.collectors.targets import Target
+from servewatch.collectors.trace_ingest import Reject
 from servewatch.config import Config, ScrapeSettings
 from servewatch.scraping import resolve_targets
 

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.health_finding import Finding
-from slo.alert_state import AlertChange
-from slo.status import SloStatus
+from servewatch.pipeline.health_finding import Finding
+from servewatch.slo.alert_state import AlertChange
+from servewatch.slo.status import SloStatus
 
 # Messages are never wrapped by width (a terminal wraps them, a log keeps them whole), and no
 # text is read as markup: paths, config sections such as [slo] and errors are shown as they are.

@@ -13,8 +13,8 @@ from typing import Any
 
 import polars as pl
 
-from capacity.decision_record import DecisionRecord, table_rows
-from dashboards.report import (
+from servewatch.capacity.decision_record import DecisionRecord, table_rows
+from servewatch.dashboards.report import (
     DrillView,
     FailureView,
     Report,
@@ -22,13 +22,13 @@ from dashboards.report import (
     TornadoView,
     build_report,
 )
-from pipeline.health_finding import Finding
-from pipeline.metric_frames import metric_minute_frames
-from pipeline.metric_sli import series_dimensions
-from pipeline.request_sli import GoodputLimits
-from pipeline.rollup_job import roll_up_request_minutes
-from pipeline.store import Store
 from servewatch.health_service import DEFAULT_VERSION_LABEL, health_findings
+from servewatch.pipeline.health_finding import Finding
+from servewatch.pipeline.metric_frames import metric_minute_frames
+from servewatch.pipeline.metric_sli import series_dimensions
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.rollup_job import roll_up_request_minutes
+from servewatch.pipeline.store import Store
 from servewatch.sli_report import build_sli_report
 
 

@@ -13,14 +13,19 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome, default_client
-from collectors.scrape_schedule import schedule_for
-from collectors.scraper import ScrapeResult, scrape_target
-from collectors.store_writer import StoreWriter
-from collectors.targets import FileSdSource, Target, merge_targets
-from pipeline.store import Store
+from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape_loop import (
+    ScheduledTarget,
+    ScrapeLoop,
+    ScrapeOutcome,
+    default_client,
+)
+from servewatch.collectors.scrape_schedule import schedule_for
+from servewatch.collectors.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.targets import FileSdSource, Target, merge_targets
 from servewatch.config import Config, ScrapeSettings
+from servewatch.pipeline.store import Store
 
 log = logging.getLogger("servewatch.targets")
 LISTED_FAILING = 10  # failing targets named in a health answer; the rest are counted

@@ -29,20 +29,20 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from capacity.parallel import process_map
-from capacity.requirement import load_requirement
-from collectors.metric_ingest import MetricIngestReport
-from collectors.otlp_receiver import OtlpHttpReceiver
-from collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
-from collectors.store_writer import StoreWriter, TraceCommit
-from collectors.targets import Target
-from collectors.trace_ingest import Reject
-from dashboards.export import write_report
-from pipeline.request_sli import GoodputLimits
-from pipeline.store import Store, utc_now
-from pipeline.tables import RECOMMENDATIONS_SCHEMA
+from servewatch.capacity.parallel import process_map
+from servewatch.capacity.requirement import load_requirement
+from servewatch.collectors.metric_ingest import MetricIngestReport
+from servewatch.collectors.otlp_receiver import OtlpHttpReceiver
+from servewatch.collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.store_writer import StoreWriter, TraceCommit
+from servewatch.collectors.targets import Target
+from servewatch.collectors.trace_ingest import Reject
 from servewatch.config import Config, ConfigError, load_config
+from servewatch.dashboards.export import write_report
 from servewatch.health_service import evaluate_findings
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.store import Store, utc_now
+from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.scraping import (
@@ -52,9 +52,9 @@ from servewatch.scraping import (
     page_of,
     scheduled_targets,
 )
+from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.spec import SloSpec
 from servewatch.slo_service import evaluate, load_specs
-from slo.alertmanager import AlertmanagerNotifier
-from slo.spec import SloSpec
 
 log = logging.getLogger("servewatch.run")
 JOB_DEFAULTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": 30}

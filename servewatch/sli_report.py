@@ -11,8 +11,9 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.cross_check import cross_check
-from pipeline.metric_sli import (
+from servewatch.instants import format_instant
+from servewatch.pipeline.cross_check import cross_check
+from servewatch.pipeline.metric_sli import (
     COUNTERS,
     GAUGES,
     LATENCY_HISTOGRAMS,
@@ -26,10 +27,9 @@ from pipeline.metric_sli import (
     series_dimensions,
     with_host_replicas,
 )
-from pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
-from pipeline.signals import Signal
-from pipeline.store import Store
-from servewatch.instants import format_instant
+from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
+from servewatch.pipeline.signals import Signal
+from servewatch.pipeline.store import Store
 
 COUNT_FIELDS = (
     "requests",

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
-from pipeline.metric_sli import series_dimensions
-from pipeline.request_minutes import EventCriterion
-from pipeline.rollup_job import roll_up_requests
-from pipeline.store import Store
-from slo.alert_state import TableAlertStateStore, changes_from_frame
-from slo.alerting import Evaluation, step
-from slo.finding_alerts import AlertStateView, is_slo_alert
-from slo.imports import load_slo_file
-from slo.notification import Notifier
-from slo.spec import SloSpec
-from slo.status import SloStatus, slo_status
+from servewatch.pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
+from servewatch.pipeline.metric_sli import series_dimensions
+from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.pipeline.rollup_job import roll_up_requests
+from servewatch.pipeline.store import Store
+from servewatch.slo.alert_state import TableAlertStateStore, changes_from_frame
+from servewatch.slo.alerting import Evaluation, step
+from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
+from servewatch.slo.imports import load_slo_file
+from servewatch.slo.notification import Notifier
+from servewatch.slo.spec import SloSpec
+from servewatch.slo.status import SloStatus, slo_status
 
 
 class SloSetupError(ValueError):

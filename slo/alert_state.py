@@ -19,9 +19,9 @@ from typing import Protocol
 
 import polars as pl
 
-from pipeline.tables import ALERTS_SCHEMA
-from slo.durations import format_duration
-from slo.windows import Severity
+from servewatch.pipeline.tables import ALERTS_SCHEMA
+from servewatch.slo.durations import format_duration
+from servewatch.slo.windows import Severity
 
 
 class AlertState(Enum):

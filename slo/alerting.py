@@ -16,7 +16,7 @@ from datetime import datetime
 
 import polars as pl
 
-from slo.alert_state import (
+from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,
     AlertStateStore,
@@ -24,15 +24,15 @@ from slo.alert_state import (
     advance,
     apply_changes,
 )
-from slo.burn_rate import (
+from servewatch.slo.burn_rate import (
     evaluation_minute,
     spec_table,
     window_sums_at,
     window_sums_every_minute,
 )
-from slo.notification import Notifier, record_and_notify
-from slo.spec import SloSpec
-from slo.windows import Severity
+from servewatch.slo.notification import Notifier, record_and_notify
+from servewatch.slo.spec import SloSpec
+from servewatch.slo.windows import Severity
 
 
 def alert_windows_table(specs: Sequence[SloSpec]) -> pl.LazyFrame:

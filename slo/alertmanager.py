@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from slo.alert_state import AlertChange
-from slo.notification import (
+from servewatch.slo.alert_state import AlertChange
+from servewatch.slo.notification import (
     DEFAULT_VALID_FOR_S,
     NOTIFIED_STATES,
     NotificationError,

@@ -15,8 +15,8 @@ from datetime import datetime
 
 import polars as pl
 
-from slo.burn_rate import spec_table, window_sums_at, with_burn_rate
-from slo.spec import SloSpec
+from servewatch.slo.burn_rate import spec_table, window_sums_at, with_burn_rate
+from servewatch.slo.spec import SloSpec
 
 # The burn "now": the workbook's shortest page window, long enough to mean something.
 CURRENT_WINDOW_S = 3600

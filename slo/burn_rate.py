@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from slo.spec import SloSpec
+from servewatch.slo.spec import SloSpec
 
 MINUTE = timedelta(minutes=1)
 TIMESTAMP = pl.Datetime("us")

@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar, overload
 
-from slo.durations import parse_duration_s
+from servewatch.slo.durations import parse_duration_s
 
 E = TypeVar("E", bound=Enum)
 

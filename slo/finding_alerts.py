@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pipeline.health_finding import Finding
-from slo.alert_state import (
+from servewatch.pipeline.health_finding import Finding
+from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,
     AlertStateStore,
     Condition,
 )
-from slo.burn_rate import evaluation_minute
-from slo.notification import FINDING_ALERT_NAME, Notifier, record_and_notify
-from slo.windows import Severity
+from servewatch.slo.burn_rate import evaluation_minute
+from servewatch.slo.notification import FINDING_ALERT_NAME, Notifier, record_and_notify
+from servewatch.slo.windows import Severity
 
 FINDING_ALERT_PREFIX = "health:"
 DEFAULT_LOOKBACK_S = 3600

@@ -19,12 +19,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from slo.buckets import HISTOGRAMS, VLLM_DEFAULT_BUCKETS, LatencyMetric
-from slo.durations import parse_duration_s
-from slo.fields import Fields, SpecError
-from slo.spec import PERIODS_S, SloSpec
-from slo.spec_file import Buckets, parse_slo, parse_spec_document, read_yaml_documents
-from slo.windows import BurnWindow, Severity, default_burn_windows
+from servewatch.slo.buckets import HISTOGRAMS, VLLM_DEFAULT_BUCKETS, LatencyMetric
+from servewatch.slo.durations import parse_duration_s
+from servewatch.slo.fields import Fields, SpecError
+from servewatch.slo.spec import PERIODS_S, SloSpec
+from servewatch.slo.spec_file import Buckets, parse_slo, parse_spec_document, read_yaml_documents
+from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 
 
 class SloFormat(Enum):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from slo.alert_state import (
+from servewatch.slo.alert_state import (
     AlertChange,
     AlertState,
     AlertStateStore,

@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
-from slo.alerting import alert_labels_of
-from slo.buckets import HISTOGRAMS, le_label
-from slo.durations import format_duration
-from slo.notification import ALERT_NAME
-from slo.spec import AvailabilitySli, LatencySli, SliSource, SloSpec
+from servewatch.slo.alerting import alert_labels_of
+from servewatch.slo.buckets import HISTOGRAMS, le_label
+from servewatch.slo.durations import format_duration
+from servewatch.slo.notification import ALERT_NAME
+from servewatch.slo.spec import AvailabilitySli, LatencySli, SliSource, SloSpec
 
 # Spec scope keys -> the Prometheus labels that carry them on vLLM's series. `model_name` is
 # vLLM's own; pool and replica are target labels the scrape config attaches.

@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pipeline.metric_minutes import MetricCriterion
-from pipeline.request_minutes import EventCriterion
-from pipeline.signals import Signal
-from slo.buckets import LatencyMetric
-from slo.durations import format_duration
-from slo.windows import BurnWindow
+from servewatch.pipeline.metric_minutes import MetricCriterion
+from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.pipeline.signals import Signal
+from servewatch.slo.buckets import LatencyMetric
+from servewatch.slo.durations import format_duration
+from servewatch.slo.windows import BurnWindow
 
 DAY_S = 86400
 PERIODS_S: tuple[int, ...] = (7 * DAY_S, 28 * DAY_S, 30 * DAY_S)

@@ -15,10 +15,15 @@ from typing import Any
 
 import yaml
 
-from slo.buckets import VLLM_DEFAULT_BUCKETS, LatencyMetric, bucket_bound, not_a_bound_message
-from slo.durations import format_duration
-from slo.fields import Fields, SpecError, read_text
-from slo.spec import (
+from servewatch.slo.buckets import (
+    VLLM_DEFAULT_BUCKETS,
+    LatencyMetric,
+    bucket_bound,
+    not_a_bound_message,
+)
+from servewatch.slo.durations import format_duration
+from servewatch.slo.fields import Fields, SpecError, read_text
+from servewatch.slo.spec import (
     PERIODS_S,
     SCOPE_KEYS,
     AvailabilitySli,
@@ -29,7 +34,7 @@ from slo.spec import (
     SliSource,
     SloSpec,
 )
-from slo.windows import BurnWindow, burn_windows_from_items, default_burn_windows
+from servewatch.slo.windows import BurnWindow, burn_windows_from_items, default_burn_windows
 
 FORMAT_VERSION = "servewatch/v1"
 DEFAULT_PERIOD_S = 30 * 86400

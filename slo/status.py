@@ -15,12 +15,12 @@ from typing import Any
 
 import polars as pl
 
-from slo.alert_state import AlertChange, AlertState
-from slo.alerting import alert_conditions
-from slo.budget import CURRENT_WINDOW_S, budget_from_sums
-from slo.burn_rate import evaluation_minute, window_sums_at, with_burn_rate
-from slo.durations import format_duration
-from slo.spec import SloSpec
+from servewatch.slo.alert_state import AlertChange, AlertState
+from servewatch.slo.alerting import alert_conditions
+from servewatch.slo.budget import CURRENT_WINDOW_S, budget_from_sums
+from servewatch.slo.burn_rate import evaluation_minute, window_sums_at, with_burn_rate
+from servewatch.slo.durations import format_duration
+from servewatch.slo.spec import SloSpec
 
 
 @dataclass(frozen=True)

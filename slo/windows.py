@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from slo.durations import format_duration
-from slo.fields import Fields, SpecError, read_toml
+from servewatch.slo.durations import format_duration
+from servewatch.slo.fields import Fields, SpecError, read_toml
 
 DEFAULT_WINDOWS_PATH = Path(__file__).with_name("burn_windows.toml")
 # The workbook pairs each long window with one twelfth of it as the short window.

@@ -23,11 +23,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collectors.replay import replay_fixture
-from emulator.engine import EngineParams
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.workload import (
+from servewatch.collectors.replay import replay_fixture
+from servewatch.emulation import record_emulated_fleet
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet_config import (
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,
@@ -36,8 +43,7 @@ from emulator.workload import (
     TenantSpec,
     WorkloadSpec,
 )
-from pipeline.store import Store
-from servewatch.emulation import record_emulated_fleet
+from servewatch.pipeline.store import Store
 
 START_S = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 SEED = 7

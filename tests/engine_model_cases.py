@@ -21,16 +21,22 @@ from pathlib import Path
 
 import polars as pl
 
-from capacity.attainment_fit import AttainmentSpec
-from capacity.pool_capacity import EngineModelSettings, PoolCapacity, pool_capacities
-from emulator.engine import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import capacity_at_slo, fleet_capacity_for_config
-from emulator.records import FinishedRequest, FinishedRequests
-from emulator.sampled_workload import SampledMix
-from emulator.trace_replay import TraceFormat, read_trace
-from emulator.workload import (
+from servewatch.capacity.attainment_fit import AttainmentSpec
+from servewatch.capacity.pool_capacity import EngineModelSettings, PoolCapacity, pool_capacities
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import (
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.ground_truth import capacity_at_slo, fleet_capacity_for_config
+from servewatch.emulator.records import FinishedRequest, FinishedRequests
+from servewatch.emulator.sampled_workload import SampledMix
+from servewatch.emulator.trace_replay import TraceFormat, read_trace
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,

@@ -11,12 +11,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from collectors.replay import replay_fixture
-from emulator.engine import EngineParams
-from emulator.failures import FailureSpec
-from emulator.fixture_writer import record_fleet
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.workload import (
+from servewatch.collectors.replay import replay_fixture
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.failures import FailureSpec
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,
@@ -25,9 +25,9 @@ from emulator.workload import (
     TenantSpec,
     WorkloadSpec,
 )
-from pipeline.health_finding import HealthInputs
-from pipeline.store import Store
 from servewatch.health_service import read_health_inputs
+from servewatch.pipeline.health_finding import HealthInputs
+from servewatch.pipeline.store import Store
 
 START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC
 START = datetime.fromtimestamp(START_S, UTC).replace(tzinfo=None)

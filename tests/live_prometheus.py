@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from emulator.fixture_writer import fleet_targets
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.live_server import LiveFleetServer, run_live
-from emulator.vllm_metrics import EngineSettings
+from servewatch.emulator.fixture_writer import fleet_targets
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.live_server import LiveFleetServer, run_live
+from servewatch.emulator.vllm_metrics import EngineSettings
 from tests.conftest import free_port, require_program
 
 DEADLINE_S = 45.0

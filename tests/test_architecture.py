@@ -1,4 +1,8 @@
-"""The design's floors: imports run downward only, and only the store holds SQL connections."""
+"""The design's floors: imports run downward only, and only the store holds SQL connections.
+
+Every room installs below the one top-level name `servewatch` (`servewatch.pipeline`, ...); the
+shell is the rest of `servewatch/`. A room is named here by its folder at the top of the tree.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-# What each package may import from the project (itself always allowed).
+SHELL = "servewatch"
+# What each room may import from the project (itself always allowed).
 ALLOWED: dict[str, set[str]] = {
     "pipeline": set(),
     "collectors": {"pipeline"},
@@ -17,28 +22,63 @@ ALLOWED: dict[str, set[str]] = {
     "dashboards": {"pipeline"},
     "capacity": {"slo", "pipeline", "emulator"},  # capacity/ drives the emulator as a simulator
     "emulator": set(),
-    "servewatch": {"collectors", "pipeline", "slo", "capacity", "dashboards", "emulator"},
+    SHELL: {"collectors", "pipeline", "slo", "capacity", "dashboards", "emulator"},
 }
+ROOMS = set(ALLOWED) - {SHELL}
 NETWORK_MODULES = {"httpx", "socket", "http", "urllib", "requests", "aiohttp"}
-NETWORK_ALLOWED = {"collectors", "emulator", "servewatch"}
+NETWORK_ALLOWED = {"collectors", "emulator", SHELL}
 # The design gives slo/ the Alertmanager notification: that one module may speak HTTP, through
 # an injected client.
 NETWORK_MODULES_ALLOWED = {REPO_ROOT / "slo" / "alertmanager.py"}
 
 
-def project_imports(path: Path) -> set[str]:
+def imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+    return names
+
+
+def project_imports(path: Path) -> set[str]:
+    """The rooms (or the shell) a file imports, and the outside top-level names it imports."""
+    names: set[str] = set()
+    for module in imported_modules(path):
+        parts = module.split(".")
+        if parts[0] == SHELL:
+            names.add(parts[1] if len(parts) > 1 and parts[1] in ROOMS else SHELL)
+        else:
+            names.add(parts[0])
     return names
 
 
 def package_files(package: str) -> list[Path]:
+    if package == SHELL:  # the shell's own modules, not the rooms linked below it
+        return sorted(
+            path
+            for path in (REPO_ROOT / SHELL).rglob("*.py")
+            if path.relative_to(REPO_ROOT / SHELL).parts[0] not in ROOMS
+        )
     return sorted((REPO_ROOT / package).rglob("*.py"))
+
+
+def test_every_room_is_installed_below_servewatch() -> None:
+    for room in ROOMS:
+        link = REPO_ROOT / SHELL / room
+        assert link.is_symlink(), f"{link} should link to ../{room}"
+        assert link.resolve() == (REPO_ROOT / room).resolve()
+
+
+@pytest.mark.parametrize("folder", sorted([*ALLOWED, "tests", "bench", "fixtures"]))
+def test_no_room_is_imported_by_a_top_level_name(folder: str) -> None:
+    # From the top of the tree `import pipeline` would still resolve, as a second copy of
+    # every module beside `servewatch.pipeline`.
+    for path in package_files(folder):
+        top = {module.split(".")[0] for module in imported_modules(path)}
+        assert not top & ROOMS, f"{path.relative_to(REPO_ROOT)} imports {sorted(top & ROOMS)}"
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

@@ -9,9 +9,14 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from capacity.attainment_fit import AttainmentSpec, LoadPoint, isotonic_knee, isotonic_steps
-from capacity.latency_model import least_squares, resampled_least_squares
-from capacity.pool_capacity import CapacityMethod, pool_capacities, pool_capacity_figure
+from servewatch.capacity.attainment_fit import (
+    AttainmentSpec,
+    LoadPoint,
+    isotonic_knee,
+    isotonic_steps,
+)
+from servewatch.capacity.latency_model import least_squares, resampled_least_squares
+from servewatch.capacity.pool_capacity import CapacityMethod, pool_capacities, pool_capacity_figure
 
 SPEC = AttainmentSpec(ttft_limit_s=1.0, tpot_limit_s=0.1, target_ratio=0.9, seed=3, resamples=50)
 T0 = datetime(2027, 1, 1)

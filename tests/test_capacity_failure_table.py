@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capacity.failure_table import (
+from servewatch.capacity.failure_table import (
     ANOTHER_ZONE,
     FailureTableSpec,
     RateUnit,
     build_failure_table,
     failure_row,
 )
-from capacity.placement import (
+from servewatch.capacity.placement import (
     NO_LAYOUT,
     FailureUnit,
     Host,

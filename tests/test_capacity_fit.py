@@ -8,7 +8,7 @@ import random
 import polars as pl
 import pytest
 
-from capacity.capacity_fit import (
+from servewatch.capacity.capacity_fit import (
     CapacityFit,
     FitSpec,
     LoadUnit,
@@ -18,7 +18,7 @@ from capacity.capacity_fit import (
     least_squares,
     with_knee,
 )
-from capacity.figure import SourceKind
+from servewatch.capacity.figure import SourceKind
 
 
 def synthetic_windows(

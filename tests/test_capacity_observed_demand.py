@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capacity.demand import RateDemand
-from capacity.observed_demand import HIGH_QUANTILE, minute_arrivals, observed_demand
-from capacity.recommendation import recommend, with_observed_demand
-from capacity.requirement import RequirementError, parse_requirement
+from servewatch.capacity.demand import RateDemand
+from servewatch.capacity.observed_demand import HIGH_QUANTILE, minute_arrivals, observed_demand
+from servewatch.capacity.recommendation import recommend, with_observed_demand
+from servewatch.capacity.requirement import RequirementError, parse_requirement
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 NOW = datetime(2026, 11, 18, 12, 0, tzinfo=UTC)

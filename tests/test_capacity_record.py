@@ -11,14 +11,14 @@ from typing import Any
 import polars as pl
 import pytest
 
-from capacity.capacity_fit import FitSpec, LoadUnit, fit_capacity
-from capacity.cost import cost_lines, default_hours_per_month
-from capacity.decision_record import SCHEMA
-from capacity.figure import assumed
-from capacity.placement import Host, Layout
-from capacity.recommendation import recommend
-from capacity.requirement import RequirementError, parse_requirement
-from capacity.worksheet import size, size_from_file
+from servewatch.capacity.capacity_fit import FitSpec, LoadUnit, fit_capacity
+from servewatch.capacity.cost import cost_lines, default_hours_per_month
+from servewatch.capacity.decision_record import SCHEMA
+from servewatch.capacity.figure import assumed
+from servewatch.capacity.placement import Host, Layout
+from servewatch.capacity.recommendation import recommend
+from servewatch.capacity.requirement import RequirementError, parse_requirement
+from servewatch.capacity.worksheet import size, size_from_file
 from tests.conftest import REPO_ROOT
 
 NOW = datetime(2026, 11, 18, 12, 0, tzinfo=UTC)

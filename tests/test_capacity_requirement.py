@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from capacity.figure import SourceKind
-from capacity.fleet_size import size_fleet
-from capacity.placement import FailureUnit
-from capacity.requirement import (
+from servewatch.capacity.figure import SourceKind
+from servewatch.capacity.fleet_size import size_fleet
+from servewatch.capacity.placement import FailureUnit
+from servewatch.capacity.requirement import (
     RequirementError,
     figures,
     load_requirement,
     parse_requirement,
     replace_figure,
 )
-from capacity.sizing import TokenCapacity
+from servewatch.capacity.sizing import TokenCapacity
 from tests.conftest import REPO_ROOT
 
 

@@ -8,12 +8,16 @@ from typing import Any
 import polars as pl
 import pytest
 
-from capacity.cache_hit_rate import HitRatioSpread, hit_ratio_by_window, observe_hit_ratio
-from capacity.capacity_fit import CapacityFit, FitSpec, LoadUnit, fit_capacity
-from capacity.fleet_size import size_fleet
-from capacity.recommendation import recommend
-from capacity.requirement import RequirementError, parse_requirement
-from capacity.risk import FlagKind, break_even, tornado
+from servewatch.capacity.cache_hit_rate import (
+    HitRatioSpread,
+    hit_ratio_by_window,
+    observe_hit_ratio,
+)
+from servewatch.capacity.capacity_fit import CapacityFit, FitSpec, LoadUnit, fit_capacity
+from servewatch.capacity.fleet_size import size_fleet
+from servewatch.capacity.recommendation import recommend
+from servewatch.capacity.requirement import RequirementError, parse_requirement
+from servewatch.capacity.risk import FlagKind, break_even, tornado
 from tests.test_capacity_fit import synthetic_windows
 from tests.test_capacity_sizing import seed_chat_data
 

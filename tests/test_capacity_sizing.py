@@ -10,20 +10,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capacity.cost import usd_per_month
-from capacity.demand import (
+from servewatch.capacity.cost import usd_per_month
+from servewatch.capacity.demand import (
     RateDemand,
     TokenDemand,
     affinity_loss_prefill,
     estimate_demand,
     prefill_tokens_per_s,
 )
-from capacity.failure_table import RateUnit
-from capacity.figure import SourceKind, assumed
-from capacity.fleet_size import size_fleet
-from capacity.recommendation import recommend
-from capacity.requirement import Requirement, parse_requirement
-from capacity.sizing import Binding, RateCapacity, TokenCapacity, size_chain
+from servewatch.capacity.failure_table import RateUnit
+from servewatch.capacity.figure import SourceKind, assumed
+from servewatch.capacity.fleet_size import size_fleet
+from servewatch.capacity.recommendation import recommend
+from servewatch.capacity.requirement import Requirement, parse_requirement
+from servewatch.capacity.sizing import Binding, RateCapacity, TokenCapacity, size_chain
 
 NOW = datetime(2026, 11, 18, 12, 0, tzinfo=UTC)
 

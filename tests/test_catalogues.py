@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.catalogue import (
+from servewatch.collectors.catalogue import (
     Catalogue,
     CataloguedSample,
     CatalogueEntry,
@@ -29,14 +29,14 @@ from collectors.catalogue import (
     tally,
     unknown_family_counts,
 )
-from collectors.dcgm_catalogue import (
+from servewatch.collectors.dcgm_catalogue import (
     DCGM_CATALOGUE,
     DCGM_FIELDS,
     canonical_names,
     catalogue_dcgm,
     catalogue_dcgm_frame,
 )
-from collectors.gpu_join import (
+from servewatch.collectors.gpu_join import (
     REPLICA_GPUS_SCHEMA,
     JoinRule,
     ReplicaGpus,
@@ -46,13 +46,13 @@ from collectors.gpu_join import (
     match_replica,
     tensor_parallel,
 )
-from collectors.vllm_catalogue import (
+from servewatch.collectors.vllm_catalogue import (
     VLLM_CATALOGUE,
     VLLM_FAMILIES,
     catalogue_vllm,
     catalogue_vllm_frame,
 )
-from pipeline.signals import SIGNALS, Signal, Source
+from servewatch.pipeline.signals import SIGNALS, Signal, Source
 from tests.conftest import REPO_ROOT
 
 SAMPLES = Path(os.environ.get("SERVEWATCH_SAMPLES", REPO_ROOT / "fixtures" / "samples"))

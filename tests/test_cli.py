@@ -13,17 +13,17 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from capacity.fleet_drills import topology
-from capacity.placement import layout_from_inventory
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet import FleetSimulation
-from emulator.ground_truth import meets_slo
-from emulator.records import FinishedRequests
-from emulator.workload import ArrivalSpec
-from pipeline.store import Store
 from servewatch import __version__
+from servewatch.capacity.fleet_drills import topology
+from servewatch.capacity.placement import layout_from_inventory
 from servewatch.cli import app
 from servewatch.demo import demo_fleet
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.ground_truth import meets_slo
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.workload import ArrivalSpec
+from servewatch.pipeline.store import Store
 from tests.conftest import FIXTURES
 
 SMALL = FIXTURES / "vllm_spans_small"

@@ -7,7 +7,7 @@ import math
 import polars as pl
 import pytest
 
-from pipeline.cross_check import bucket_width, cross_check
+from servewatch.pipeline.cross_check import bucket_width, cross_check
 
 TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, math.inf]
 

@@ -13,17 +13,17 @@ from typing import Any
 import polars as pl
 import pytest
 
-from collectors.trace_ingest import ingest_trace_files
-from dashboards.alert_band import firing_intervals
-from dashboards.attainment import attainment_chart
-from dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
-from dashboards.downsampling import choose_buckets
-from dashboards.drill_timeline import drill_timeline_chart
-from dashboards.export import chart_specs, spec_json
-from dashboards.kv_usage import MAX_CELLS, kv_usage_heatmap
-from dashboards.latency import LatencyStat, latency_chart, latency_from_requests
-from dashboards.prefix_cache import prefix_cache_chart
-from dashboards.report import (
+from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.dashboards.alert_band import firing_intervals
+from servewatch.dashboards.attainment import attainment_chart
+from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
+from servewatch.dashboards.downsampling import choose_buckets
+from servewatch.dashboards.drill_timeline import drill_timeline_chart
+from servewatch.dashboards.export import chart_specs, spec_json
+from servewatch.dashboards.kv_usage import MAX_CELLS, kv_usage_heatmap
+from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.prefix_cache import prefix_cache_chart
+from servewatch.dashboards.report import (
     CapacityView,
     DrillView,
     FailureView,
@@ -33,11 +33,11 @@ from dashboards.report import (
     build_report,
     slug,
 )
-from dashboards.report_page import PageChart, render_page, script_json
-from dashboards.token_throughput import token_throughput_chart
-from dashboards.tornado import tornado_chart
-from pipeline.request_sli import GoodputLimits
-from pipeline.store import Store
+from servewatch.dashboards.report_page import PageChart, render_page, script_json
+from servewatch.dashboards.token_throughput import token_throughput_chart
+from servewatch.dashboards.tornado import tornado_chart
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.store import Store
 from servewatch.sli_report import build_sli_report
 from tests.conftest import FIXTURES
 

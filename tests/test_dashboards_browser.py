@@ -24,8 +24,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from dashboards.export import ReportFiles, chart_specs, spec_json, write_report
-from dashboards.report import ReportInputs, build_report
+from servewatch.dashboards.export import ReportFiles, chart_specs, spec_json, write_report
+from servewatch.dashboards.report import ReportInputs, build_report
 from tests.conftest import REPO_ROOT, require_program
 from tests.test_dashboards import SLUGS, fixture_inputs, fixture_report, positional
 

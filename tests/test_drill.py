@@ -8,17 +8,28 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.drill import DrillFleet, DrillPhase, DrillResult, DrillSpec, run_drill
-from capacity.failure_table import FailureTableSpec, RateUnit, build_failure_table
-from capacity.placement import FailureUnit
-from capacity.traffic_step import TrafficStepSpec, autoscaled_replicas, step_drill, warm_pool
-from emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
-from emulator.engine_params import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import AdmissionSpec, FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.records import FinishedRequests
-from emulator.sampled_workload import SampledMix
-from emulator.workload import RequestSpec, SpecError
+from servewatch.capacity.drill import DrillFleet, DrillPhase, DrillResult, DrillSpec, run_drill
+from servewatch.capacity.failure_table import FailureTableSpec, RateUnit, build_failure_table
+from servewatch.capacity.placement import FailureUnit
+from servewatch.capacity.traffic_step import (
+    TrafficStepSpec,
+    autoscaled_replicas,
+    step_drill,
+    warm_pool,
+)
+from servewatch.emulator.clients import AttemptOutcome, RetryingClients, RetryPolicy
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import (
+    AdmissionSpec,
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    TopologySpec,
+)
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.sampled_workload import SampledMix
+from servewatch.emulator.workload import RequestSpec, SpecError
 
 # A replica that serves 8 requests a second when full and no more: 4 sequences at a time, each
 # 50 tokens of 10 ms steps (prefill is free), so capacity is exact and easy to state.

@@ -17,19 +17,19 @@ from functools import cache
 
 import pytest
 
-from capacity.drill import ConfiguredWorkload, DrillFleet, run_drill
-from capacity.fleet_drills import (
+from servewatch.capacity.drill import ConfiguredWorkload, DrillFleet, run_drill
+from servewatch.capacity.fleet_drills import (
     DrilledRow,
     FleetDrills,
     drill_candidates,
     drill_spec,
     topology,
 )
-from capacity.fleet_size import size_fleet
-from capacity.knee_search import ModelKnee
-from capacity.parallel import serial_map
-from capacity.placement import Layout, layout_from_inventory
-from capacity.requirement import Requirement, parse_requirement
+from servewatch.capacity.fleet_size import size_fleet
+from servewatch.capacity.knee_search import ModelKnee
+from servewatch.capacity.parallel import serial_map
+from servewatch.capacity.placement import Layout, layout_from_inventory
+from servewatch.capacity.requirement import Requirement, parse_requirement
 from tests.engine_model_cases import Case, Outcome, run_case, seeded_cases
 
 pytestmark = pytest.mark.slow

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet_config import (
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet_config import (
     FleetConfig,
     FleetConfigError,
     RouterPolicy,
     load_fleet_config,
 )
-from emulator.trace_replay import TraceFormat
-from emulator.workload import ArrivalKind, Distribution, DistributionKind, RateStep
+from servewatch.emulator.trace_replay import TraceFormat
+from servewatch.emulator.workload import ArrivalKind, Distribution, DistributionKind, RateStep
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "docs" / "fleet.example.toml"

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.engine import EngineParams, PrefixCache, ReplicaEngine
-from emulator.records import EngineSteps, FinishedReason, FinishedRequest
-from emulator.workload import PrefixSegment, RequestSpec, SpecError
+from servewatch.emulator.engine import EngineParams, PrefixCache, ReplicaEngine
+from servewatch.emulator.records import EngineSteps, FinishedReason, FinishedRequest
+from servewatch.emulator.workload import PrefixSegment, RequestSpec, SpecError
 
 # -- the oracle -----------------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from emulator import native
-from emulator.dcgm_metrics import (
+from servewatch.emulator import native
+from servewatch.emulator.dcgm_metrics import (
     DEFAULT_FIELDS,
     EMULATED_GAUGE,
     DcgmObserver,
@@ -30,13 +30,13 @@ from emulator.dcgm_metrics import (
     host_gpus,
     render_dcgm_page,
 )
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fixture_files import FixtureFilesError
-from emulator.fixture_writer import FixtureWriter, record_fixture
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.otlp_jsonl import OtlpJsonLinesExporter
-from emulator.records import (
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fixture_files import FixtureFilesError
+from servewatch.emulator.fixture_writer import FixtureWriter, record_fixture
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.otlp_jsonl import OtlpJsonLinesExporter
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedReason,
     FinishedRequest,
@@ -45,13 +45,13 @@ from emulator.records import (
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.span_output import (
+from servewatch.emulator.span_output import (
     SeededIdGenerator,
     SpanOutput,
     SyncBatchSpanProcessor,
     jsonl_span_output,
 )
-from emulator.vllm_metrics import (
+from servewatch.emulator.vllm_metrics import (
     EngineSettings,
     ReplicaMetrics,
     encode_families,

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from emulator.engine import EngineParams
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet import (
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet import (
     DOWN,
     FleetSimulation,
     LeastLoadedRouter,
     PrefixAffinityRouter,
     RoundRobinRouter,
 )
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.records import (
+from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedReason,
     FinishedRequest,
@@ -26,8 +26,8 @@ from emulator.records import (
     ReplicaEventKind,
     ReplicaState,
 )
-from emulator.trace_replay import TraceFormat
-from emulator.workload import (
+from servewatch.emulator.trace_replay import TraceFormat
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from emulator.engine import EngineParams
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, SloSpec, TopologySpec
-from emulator.ground_truth import (
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.fleet_config import (
+    FleetConfig,
+    RouterPolicy,
+    RouterSpec,
+    SloSpec,
+    TopologySpec,
+)
+from servewatch.emulator.ground_truth import (
     SETTLE_LIFETIMES,
     attainment_at,
     capacity_at_slo,
@@ -18,9 +24,9 @@ from emulator.ground_truth import (
     meets_slo,
     request_lifetime_s,
 )
-from emulator.records import FinishedReason, FinishedRequest
-from emulator.trace_replay import TraceFormat
-from emulator.workload import (
+from servewatch.emulator.records import FinishedReason, FinishedRequest
+from servewatch.emulator.trace_replay import TraceFormat
+from servewatch.emulator.workload import (
     ArrivalSpec,
     ConversationSpec,
     Distribution,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from emulator import native
 from servewatch.cli import app
+from servewatch.emulator import native
 from tests.conftest import REPO_ROOT
 
 
@@ -46,7 +46,7 @@ def test_the_key_follows_every_source_file(tmp_path: Path) -> None:
 
 def fake_build(root: Path, key: str) -> Path:
     folder = root / key
-    (folder / native.PACKAGE).mkdir(parents=True)
+    (folder / native.PACKAGE_PATH).mkdir(parents=True)
     (folder / native.MANIFEST_NAME).write_text(json.dumps({"shared_lib": None}), "utf-8")
     return folder
 
@@ -60,7 +60,7 @@ def test_activate_uses_only_a_complete_build_of_the_current_sources(
     path = ["/src/emulator"]
 
     fake_build(tmp_path, "0" * 20)  # a build of other (older) sources
-    (tmp_path / native.source_key() / native.PACKAGE).mkdir(parents=True)  # unfinished
+    (tmp_path / native.source_key() / native.PACKAGE_PATH).mkdir(parents=True)  # unfinished
     assert not native.activate(path).active
     assert path == ["/src/emulator"]
     assert native.status().reason == "no build for these sources"
@@ -73,7 +73,7 @@ def test_activate_uses_only_a_complete_build_of_the_current_sources(
 
     (current / native.MANIFEST_NAME).write_text(json.dumps({"shared_lib": None}), "utf-8")
     assert native.activate(path).active
-    assert path == [str(current / native.PACKAGE), "/src/emulator"]
+    assert path == [str(current / native.PACKAGE_PATH), "/src/emulator"]
 
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     again = ["/src/emulator"]
@@ -83,7 +83,7 @@ def test_activate_uses_only_a_complete_build_of_the_current_sources(
 
 def test_status_command_and_usage() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "emulator", "native", "status"],
+        [sys.executable, "-m", "servewatch.emulator", "native", "status"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -92,14 +92,14 @@ def test_status_command_and_usage() -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("emulator: ")
     bad = subprocess.run(
-        [sys.executable, "-m", "emulator", "native", "compile"],
+        [sys.executable, "-m", "servewatch.emulator", "native", "compile"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     assert bad.returncode == 2
-    assert "usage: python -m emulator native build|status" in bad.stderr
+    assert "usage: python -m servewatch.emulator native build|status" in bad.stderr
 
 
 @pytest.mark.slow  # the recording computes its ground truth: a capacity search

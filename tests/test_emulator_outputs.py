@@ -24,15 +24,15 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.exposition import parse_exposition
-from collectors.otlp_json import read_trace_file
-from collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig
-from collectors.request_spans import RequestRows
-from collectors.store_writer import TraceCommit
-from collectors.trace_ingest import Reject
-from emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fixture_writer import (
+from servewatch.collectors.exposition import parse_exposition
+from servewatch.collectors.otlp_json import read_trace_file
+from servewatch.collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig
+from servewatch.collectors.request_spans import RequestRows
+from servewatch.collectors.store_writer import TraceCommit
+from servewatch.collectors.trace_ingest import Reject
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fixture_writer import (
     FixtureError,
     FixtureWriter,
     iter_pages,
@@ -40,10 +40,10 @@ from emulator.fixture_writer import (
     record_fixture,
     scrape_times,
 )
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.live_server import LiveFleetServer, run_live
-from emulator.records import (
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.live_server import LiveFleetServer, run_live
+from servewatch.emulator.records import (
     EngineSteps,
     FinishedReason,
     FinishedRequest,
@@ -52,15 +52,15 @@ from emulator.records import (
     ReplicaPlacement,
     ReplicaState,
 )
-from emulator.span_output import jsonl_span_output, otlp_http_span_output
-from emulator.vllm_metrics import (
+from servewatch.emulator.span_output import jsonl_span_output, otlp_http_span_output
+from servewatch.emulator.vllm_metrics import (
     EngineSettings,
     ReplicaMetrics,
     VllmMetricsObserver,
     encode_families,
     render_vllm_page,
 )
-from pipeline.promql import histogram_quantile
+from servewatch.pipeline.promql import histogram_quantile
 
 T0 = 1_795_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.live_server import LiveFleetServer
-from emulator.records import ReplicaEvent, ReplicaEventKind
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.live_server import LiveFleetServer
+from servewatch.emulator.records import ReplicaEvent, ReplicaEventKind
 from tests.live_prometheus import (
     instant_query,
     live_fleet,

@@ -8,8 +8,12 @@ from collections import Counter
 
 import pytest
 
-from emulator.fleet_config import FleetConfigError, TopologySpec, fleet_config_from_mapping
-from emulator.workload import SpecError
+from servewatch.emulator.fleet_config import (
+    FleetConfigError,
+    TopologySpec,
+    fleet_config_from_mapping,
+)
+from servewatch.emulator.workload import SpecError
 
 
 def load(topology_toml: str) -> TopologySpec:

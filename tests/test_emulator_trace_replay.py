@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.trace_replay import (
+from servewatch.emulator.trace_replay import (
     TraceFormat,
     TraceFormatError,
     TraceRecord,
@@ -18,7 +18,7 @@ from emulator.trace_replay import (
     parse_mooncake_jsonl,
     read_trace,
 )
-from emulator.workload import PrefixSegment, ReplayWorkload
+from servewatch.emulator.workload import PrefixSegment, ReplayWorkload
 
 START = datetime(2023, 11, 16, 18, 15, 46, tzinfo=UTC)
 

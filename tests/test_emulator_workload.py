@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.workload import (
+from servewatch.emulator.workload import (
     ArrivalKind,
     ArrivalSpec,
     ConversationSpec,

@@ -9,12 +9,12 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from capacity.engine_fit import decode_steps, fit_engine, sampled_decode_steps
-from emulator.engine_params import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.records import FinishedRequests
-from emulator.sampled_workload import SampledMix
+from servewatch.capacity.engine_fit import decode_steps, fit_engine, sampled_decode_steps
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.sampled_workload import SampledMix
 from tests.engine_model_cases import served_frames
 
 ENGINE = EngineParams(step_base_s=0.02, step_per_seq_s=0.0005, step_per_prefill_token_s=0.0001)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from capacity.knee_search import PrefillShape
-from capacity.pool_capacity import CapacityMethod
+from servewatch.capacity.knee_search import PrefillShape
+from servewatch.capacity.pool_capacity import CapacityMethod
 from tests.engine_model_cases import Outcome, run_case, seeded_cases
 
 pytestmark = pytest.mark.slow

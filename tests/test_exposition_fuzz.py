@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as peer_text_families
 
-from collectors.exposition import (
+from servewatch.collectors.exposition import (
     CREATED_SUFFIX,
     LABEL_NAME_PATTERN,
     NAME_PATTERN,
@@ -34,10 +34,10 @@ from collectors.exposition import (
     page_text,
     parse_exposition,
 )
-from collectors.exposition_batch import parse_expositions
-from collectors.metric_ingest import Page, ingest_pages
-from collectors.targets import Target, TargetKind
-from pipeline.store import Store
+from servewatch.collectors.exposition_batch import parse_expositions
+from servewatch.collectors.metric_ingest import Page, ingest_pages
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.pipeline.store import Store
 from tests.conftest import FIXTURES
 
 CAPTURES = tuple(path.read_bytes() for path in sorted((FIXTURES / "samples").glob("*.txt")))

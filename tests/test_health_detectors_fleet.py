@@ -9,13 +9,13 @@ from datetime import timedelta
 import polars as pl
 import pytest
 
-from emulator.failures import FailureKind, FailureSpec
-from emulator.workload import RateStep
-from pipeline.affinity_loss import AffinityLossDetector
-from pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.kv_pressure import KvPressureDetector
-from pipeline.slow_replica import SlowReplicaDetector
-from pipeline.traffic_step import TrafficStepDetector
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.workload import RateStep
+from servewatch.pipeline.affinity_loss import AffinityLossDetector
+from servewatch.pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.pipeline.kv_pressure import KvPressureDetector
+from servewatch.pipeline.slow_replica import SlowReplicaDetector
+from servewatch.pipeline.traffic_step import TrafficStepDetector
 from tests.health_fleet import START, fleet_config, recorded_inputs
 
 MINUTES = 40

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
-from pipeline.health_finding import FindingKind, HealthInputs, ScopeUnit
-from pipeline.kv_pressure import KvPressureDetector
-from pipeline.signals import Signal
+from servewatch.pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
+from servewatch.pipeline.health_finding import FindingKind, HealthInputs, ScopeUnit
+from servewatch.pipeline.kv_pressure import KvPressureDetector
+from servewatch.pipeline.signals import Signal
 
 T0 = datetime(2026, 11, 19)
 

@@ -19,25 +19,25 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from collectors.replay import replay_fixture
-from dashboards.export import chart_specs, report_html
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet_config import DEFAULT_MODEL, TopologySpec
-from pipeline.dependency_review import DependencyReview
-from pipeline.health_finding import Finding, FindingKind, ScopeUnit
-from pipeline.request_sli import GoodputLimits
-from pipeline.rollout_comparison import RolloutComparison
-from pipeline.store import Store
 from servewatch.cli import app
+from servewatch.collectors.replay import replay_fixture
+from servewatch.dashboards.export import chart_specs, report_html
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet_config import DEFAULT_MODEL, TopologySpec
 from servewatch.health_service import (
     evaluate_findings,
     health_findings,
     read_health_inputs,
 )
+from servewatch.pipeline.dependency_review import DependencyReview
+from servewatch.pipeline.health_finding import Finding, FindingKind, ScopeUnit
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.rollout_comparison import RolloutComparison
+from servewatch.pipeline.store import Store
 from servewatch.report_service import store_report
 from servewatch.service import Service
-from slo.alert_state import changes_from_frame
-from slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.alert_state import changes_from_frame
+from servewatch.slo.alertmanager import AlertmanagerNotifier
 from tests.health_fleet import BASE_TOPOLOGY, START, fleet_config, record
 
 pytestmark = pytest.mark.slow

@@ -11,21 +11,21 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from emulator.failures import ActionKind, FailureKind, FailureSpec, failure_timeline
-from emulator.fleet_config import load_fleet_config
-from emulator.records import ReplicaPlacement
-from emulator.workload import SpecError
-from pipeline.dependency_review import DependencyReview
-from pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
-from pipeline.rollout_comparison import (
+from servewatch.emulator.failures import ActionKind, FailureKind, FailureSpec, failure_timeline
+from servewatch.emulator.fleet_config import load_fleet_config
+from servewatch.emulator.records import ReplicaPlacement
+from servewatch.emulator.workload import SpecError
+from servewatch.health_service import finding_json, ordered
+from servewatch.pipeline.dependency_review import DependencyReview
+from servewatch.pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.pipeline.rollout_comparison import (
     RolloutComparison,
     VersionLabelError,
     block_bootstrap_means,
 )
-from pipeline.tables import REQUESTS_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA
-from servewatch.health_service import finding_json, ordered
-from slo.alert_state import AlertState, InMemoryAlertStateStore
-from slo.finding_alerts import finding_conditions, is_finding_alert, step_findings
+from servewatch.pipeline.tables import REQUESTS_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA
+from servewatch.slo.alert_state import AlertState, InMemoryAlertStateStore
+from servewatch.slo.finding_alerts import finding_conditions, is_finding_alert, step_findings
 
 T0 = datetime(2026, 11, 18, 10, 0)
 

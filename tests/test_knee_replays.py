@@ -8,12 +8,12 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from capacity.conversation_turns import without_continued_prefix
-from capacity.engine_fit import EngineFit, StepTime
-from capacity.knee_search import ModelCheck, PrefillShape, engine_params, replays
-from capacity.knee_search import _shared_prefix_tokens as shared_prefix_tokens
-from capacity.prefill_fit import fit_first_turn_prefill
-from emulator.engine_params import EngineParams
+from servewatch.capacity.conversation_turns import without_continued_prefix
+from servewatch.capacity.engine_fit import EngineFit, StepTime
+from servewatch.capacity.knee_search import ModelCheck, PrefillShape, engine_params, replays
+from servewatch.capacity.knee_search import _shared_prefix_tokens as shared_prefix_tokens
+from servewatch.capacity.prefill_fit import fit_first_turn_prefill
+from servewatch.emulator.engine_params import EngineParams
 
 T0 = datetime(2026, 11, 20, 9, 0)
 STEP = StepTime(base_s=0.01, per_seq_s=0.0001, per_prefill_token_s=0.00002)

@@ -7,10 +7,10 @@ from datetime import datetime
 
 import polars as pl
 
-from collectors.exposition import parse_exposition
-from collectors.metric_ingest import Page, ingest_pages
-from collectors.targets import Target, TargetKind
-from pipeline.store import Store
+from servewatch.collectors.exposition import parse_exposition
+from servewatch.collectors.metric_ingest import Page, ingest_pages
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.pipeline.store import Store
 from tests.conftest import FIXTURES
 
 VLLM = (FIXTURES / "samples" / "vllm_metrics_production-stack-issue-617.txt").read_text()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import polars as pl
 import pytest
 
-from pipeline.metric_sli import (
+from servewatch.pipeline.metric_sli import (
     Scope,
     counter_increases,
     counter_ratio,
@@ -17,8 +17,8 @@ from pipeline.metric_sli import (
     histogram_quantiles,
     series_dimensions,
 )
-from pipeline.promql import histogram_quantile
-from pipeline.signals import Signal
+from servewatch.pipeline.promql import histogram_quantile
+from servewatch.pipeline.signals import Signal
 
 T0 = 1_795_000_000.0
 BOUNDS = ("0.1", "0.5", "1.0", "+Inf")

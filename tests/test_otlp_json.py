@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from collectors.otlp_json import decode_trace_request, read_trace_file
-from emulator.otlp_jsonl import spans_to_otlp_json
+from servewatch.collectors.otlp_json import decode_trace_request, read_trace_file
+from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SPAN_ID = "b7ad6b7169203331"

@@ -22,12 +22,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collectors.fixture_recording import otlp_json_line
-from collectors.otlp_receiver import ExportOutcome, OtlpHttpReceiver, ReceiverConfig, handle_export
-from collectors.store_writer import StoreWriter
-from emulator.otlp_jsonl import spans_to_otlp_json
-from emulator.request_span import RequestTiming, record_request_span
-from pipeline.store import Store
+from servewatch.collectors.fixture_recording import otlp_json_line
+from servewatch.collectors.otlp_receiver import (
+    ExportOutcome,
+    OtlpHttpReceiver,
+    ReceiverConfig,
+    handle_export,
+)
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
+from servewatch.emulator.request_span import RequestTiming, record_request_span
+from servewatch.pipeline.store import Store
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
 TOKEN = "s3cret"

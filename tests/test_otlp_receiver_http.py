@@ -14,10 +14,10 @@ import polars as pl
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig, handle_export
-from collectors.store_writer import StoreWriter, TraceCommit
-from collectors.trace_ingest import Reject
-from pipeline.store import Store
+from servewatch.collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig, handle_export
+from servewatch.collectors.store_writer import StoreWriter, TraceCommit
+from servewatch.collectors.trace_ingest import Reject
+from servewatch.pipeline.store import Store
 from tests.test_otlp_receiver import BODY, TOKEN, make_spans, protobuf_body
 
 PROTOBUF_HEAD = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"

@@ -12,8 +12,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from pipeline.store import MIGRATIONS, POINT_BLOCK, Store
-from pipeline.tables import POINTS_SCHEMA, SAMPLES_SCHEMA, SCRAPES_SCHEMA
+from servewatch.pipeline.store import MIGRATIONS, POINT_BLOCK, Store
+from servewatch.pipeline.tables import POINTS_SCHEMA, SAMPLES_SCHEMA, SCRAPES_SCHEMA
 
 T0 = datetime(2026, 11, 18, 0, 0, 0)
 

@@ -19,13 +19,13 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from collectors.exposition import page_text
-from collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from collectors.scraper import scrape_targets
-from collectors.store_writer import StoreWriter
-from collectors.targets import Target, TargetKind
-from pipeline.store import Store
 from servewatch.cli import app
+from servewatch.collectors.exposition import page_text
+from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scraper import scrape_targets
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher, page_of
 from tests.conftest import SAMPLE_PAGE, serving_pages
 

@@ -24,13 +24,14 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from collectors.prometheus_api import (
+from servewatch.cli import app
+from servewatch.collectors.prometheus_api import (
     MAX_POINTS_PER_SERIES,
     PrometheusApi,
     PrometheusApiError,
     seconds_text,
 )
-from collectors.prometheus_reader import (
+from servewatch.collectors.prometheus_reader import (
     ImportWindow,
     PrometheusImportReport,
     Resolution,
@@ -41,8 +42,7 @@ from collectors.prometheus_reader import (
     target_id_of,
     to_ms,
 )
-from pipeline.store import Store
-from servewatch.cli import app
+from servewatch.pipeline.store import Store
 from tests.conftest import free_port
 
 URL = "http://prometheus.test:9090"

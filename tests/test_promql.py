@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.promql import (
+from servewatch.pipeline.promql import (
     histogram_quantile,
     histogram_quantile_frame,
     increase,

@@ -32,8 +32,9 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from collectors.prometheus_api import PrometheusApi
-from collectors.prometheus_reader import (
+from servewatch.cli import app
+from servewatch.collectors.prometheus_api import PrometheusApi
+from servewatch.collectors.prometheus_reader import (
     ImportWindow,
     Resolution,
     from_ms,
@@ -43,13 +44,12 @@ from collectors.prometheus_reader import (
     target_id_of,
     to_ms,
 )
-from emulator.engine import EngineParams
-from emulator.failures import FailureKind, FailureSpec
-from emulator.fleet_config import FleetConfig, TopologySpec
-from emulator.live_server import LiveFleetServer
-from pipeline.promql import increase, increase_frame, rate, rate_frame
-from pipeline.store import Store
-from servewatch.cli import app
+from servewatch.emulator.engine import EngineParams
+from servewatch.emulator.failures import FailureKind, FailureSpec
+from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
+from servewatch.emulator.live_server import LiveFleetServer
+from servewatch.pipeline.promql import increase, increase_frame, rate, rate_frame
+from servewatch.pipeline.store import Store
 from tests.live_prometheus import (
     fleet_ports,
     instant_query,

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from capacity.attainment_fit import AttainmentSpec
-from capacity.decision_record import DecisionRecord
-from capacity.pool_capacity import pool_capacities
-from capacity.requirement import Requirement, parse_requirement
-from pipeline.store import Store
+from servewatch.capacity.attainment_fit import AttainmentSpec
+from servewatch.capacity.decision_record import DecisionRecord
+from servewatch.capacity.pool_capacity import pool_capacities
+from servewatch.capacity.requirement import Requirement, parse_requirement
 from servewatch.cli import app
+from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 from tests.emulated_capacity import replayed_case
 

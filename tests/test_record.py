@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collectors.metric_ingest import Page, ingest_pages
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig
-from emulator.live_server import LiveFleetServer, run_live
-from emulator.span_output import otlp_http_span_output
-from emulator.vllm_metrics import EngineSettings
-from pipeline.store import Store
 from servewatch.cli import app
+from servewatch.collectors.metric_ingest import Page, ingest_pages
 from servewatch.config import load_config
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.live_server import LiveFleetServer, run_live
+from servewatch.emulator.span_output import otlp_http_span_output
+from servewatch.emulator.vllm_metrics import EngineSettings
+from servewatch.pipeline.store import Store
 from servewatch.scraping import resolve_targets
 from tests.conftest import free_port, stored_tables
 

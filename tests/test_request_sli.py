@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from pipeline.request_sli import GoodputLimits, request_slis, with_good, with_tpot
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.pipeline.request_sli import GoodputLimits, request_slis, with_good, with_tpot
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 

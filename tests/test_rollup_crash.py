@@ -16,18 +16,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.request_minutes import EventCriterion, slo_minutes
-from pipeline.rollup_job import roll_up_requests
-from pipeline.store import Store
+from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
+from servewatch.pipeline.rollup_job import roll_up_requests
+from servewatch.pipeline.store import Store
 
 CHILD = """
 import random, sys
 from datetime import datetime, timedelta
 import polars as pl
-from pipeline.request_minutes import EventCriterion
-from pipeline.rollup_job import roll_up_requests
-from pipeline.store import Store
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.pipeline.rollup_job import roll_up_requests
+from servewatch.pipeline.store import Store
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 t0 = datetime(2026, 11, 18, 10, 0, 0)
 criteria = [EventCriterion("ttft", ttft_limit_s=0.5), EventCriterion("availability")]

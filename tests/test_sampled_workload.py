@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.engine_params import EngineParams
-from emulator.fleet import FleetSimulation
-from emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
-from emulator.records import FinishedRequests
-from emulator.sampled_workload import SHARED_PREFIX_KEY, SampledMix
-from emulator.workload import PrefixSegment, SpecError
+from servewatch.emulator.engine_params import EngineParams
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec, TopologySpec
+from servewatch.emulator.records import FinishedRequests
+from servewatch.emulator.sampled_workload import SHARED_PREFIX_KEY, SampledMix
+from servewatch.emulator.workload import PrefixSegment, SpecError
 
 START_S = 1_800_000_000.0
 # Two recorded conversations: three turns whose prompts carry the history, and one turn.

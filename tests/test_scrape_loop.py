@@ -14,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from collectors.metric_ingest import MetricIngestReport, Page
-from collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
-from collectors.scrape_schedule import schedule_for
-from collectors.store_writer import StoreWriter
-from collectors.targets import Target, TargetKind
-from pipeline.store import Store
+from servewatch.collectors.metric_ingest import MetricIngestReport, Page
+from servewatch.collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape_schedule import schedule_for
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher
 from tests.conftest import SAMPLE_PAGE, free_port
 

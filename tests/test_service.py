@@ -17,10 +17,10 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from collectors.scraper import ScrapeResult
-from collectors.targets import Target, TargetKind
-from collectors.trace_ingest import ingest_trace_files
-from pipeline.store import Store
+from servewatch.collectors.scraper import ScrapeResult
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.pipeline.store import Store
 from servewatch.scraping import TargetHealth
 from servewatch.service import SelfMetrics, Service, serve_health
 from tests.conftest import FIXTURES, free_port

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from collectors.metric_ingest import Page, ingest_pages
-from collectors.targets import Target, TargetKind
-from pipeline.promql import histogram_quantile, increase
-from pipeline.request_sli import GoodputLimits
-from pipeline.store import Store
 from servewatch.cli import app
+from servewatch.collectors.metric_ingest import Page, ingest_pages
+from servewatch.collectors.targets import Target, TargetKind
+from servewatch.pipeline.promql import histogram_quantile, increase
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.store import Store
 from servewatch.sli_report import Grouping, SliSource, build_sli_report
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)

@@ -12,8 +12,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from pipeline.store import Store
-from slo.alert_state import (
+from servewatch.pipeline.store import Store
+from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,
     AlertState,
@@ -22,10 +22,10 @@ from slo.alert_state import (
     TableAlertStateStore,
     advance,
 )
-from slo.alerting import evaluate_at, replay, step
-from slo.notification import NotificationError
-from slo.spec import AvailabilitySli, SloSpec
-from slo.windows import BurnWindow, Severity, default_burn_windows
+from servewatch.slo.alerting import evaluate_at, replay, step
+from servewatch.slo.notification import NotificationError
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 
 T0 = datetime(2026, 11, 18, 0, 0)
 MINUTE = timedelta(minutes=1)

@@ -19,12 +19,12 @@ import httpx
 import polars as pl
 import pytest
 
-from slo.alert_state import AlertChange, AlertKey, AlertState, InMemoryAlertStateStore
-from slo.alerting import step
-from slo.alertmanager import AlertmanagerNotifier, WebhookNotifier
-from slo.notification import NotificationError, webhook_message
-from slo.spec import AvailabilitySli, SloSpec
-from slo.windows import BurnWindow, Severity
+from servewatch.slo.alert_state import AlertChange, AlertKey, AlertState, InMemoryAlertStateStore
+from servewatch.slo.alerting import step
+from servewatch.slo.alertmanager import AlertmanagerNotifier, WebhookNotifier
+from servewatch.slo.notification import NotificationError, webhook_message
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.windows import BurnWindow, Severity
 from tests.conftest import free_port, require_program
 
 AT = datetime(2026, 11, 18, 12, 0)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slo.budget import budget_status, burn_rates_at
-from slo.burn_rate import window_sums_at, window_sums_every_minute
-from slo.spec import AvailabilitySli, SloSpec
-from slo.windows import BurnWindow, Severity, default_burn_windows
+from servewatch.slo.budget import budget_status, burn_rates_at
+from servewatch.slo.burn_rate import window_sums_at, window_sums_every_minute
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 
 T0 = datetime(2026, 11, 18, 0, 0)
 WEEK_S = 7 * 86400

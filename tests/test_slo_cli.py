@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.store import Store
 from servewatch.cli import app
+from servewatch.pipeline.store import Store
 from tests.conftest import FIXTURES
 from tests.test_replay import raw_requests
 

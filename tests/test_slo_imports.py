@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
-from slo.buckets import LatencyMetric
-from slo.fields import SpecError
-from slo.imports import SloFormat, import_openslo, import_sloth, load_slo_file, recognize_sli
-from slo.spec import AvailabilitySli, LatencySli, SliSource
-from slo.windows import Severity
+from servewatch.slo.buckets import LatencyMetric
+from servewatch.slo.fields import SpecError
+from servewatch.slo.imports import (
+    SloFormat,
+    import_openslo,
+    import_sloth,
+    load_slo_file,
+    recognize_sli,
+)
+from servewatch.slo.spec import AvailabilitySli, LatencySli, SliSource
+from servewatch.slo.windows import Severity
 from tests.conftest import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "docs" / "examples" / "slo"

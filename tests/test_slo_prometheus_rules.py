@@ -15,15 +15,15 @@ import polars as pl
 import pytest
 import yaml
 
-from slo.alert_state import AlertState
-from slo.alerting import replay
-from slo.buckets import LatencyMetric
-from slo.imports import load_slo_file
-from slo.notification import alert_labels
-from slo.prometheus_rules import prometheus_rules
-from slo.spec import AvailabilitySli, GoodputSli, LatencySli, SliSource, SloSpec
-from slo.spec_file import load_spec_file
-from slo.windows import BurnWindow, Severity, default_burn_windows
+from servewatch.slo.alert_state import AlertState
+from servewatch.slo.alerting import replay
+from servewatch.slo.buckets import LatencyMetric
+from servewatch.slo.imports import load_slo_file
+from servewatch.slo.notification import alert_labels
+from servewatch.slo.prometheus_rules import prometheus_rules
+from servewatch.slo.spec import AvailabilitySli, GoodputSli, LatencySli, SliSource, SloSpec
+from servewatch.slo.spec_file import load_spec_file
+from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 from tests.conftest import REPO_ROOT, require_program
 
 PROMTOOL_DIR = REPO_ROOT / "tests" / "promtool"

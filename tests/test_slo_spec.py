@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client.utils import floatToGoString
 
-from slo.buckets import VLLM_DEFAULT_BUCKETS, LatencyMetric, le_label, nearest_bounds
-from slo.durations import format_duration, parse_duration_s
-from slo.fields import SpecError
-from slo.spec import GoodputSli, LatencySli, SliSource
-from slo.spec_file import load_spec_file, parse_spec_document
-from slo.windows import Severity, default_burn_windows, load_burn_windows
+from servewatch.slo.buckets import VLLM_DEFAULT_BUCKETS, LatencyMetric, le_label, nearest_bounds
+from servewatch.slo.durations import format_duration, parse_duration_s
+from servewatch.slo.fields import SpecError
+from servewatch.slo.spec import GoodputSli, LatencySli, SliSource
+from servewatch.slo.spec_file import load_spec_file, parse_spec_document
+from servewatch.slo.windows import Severity, default_burn_windows, load_burn_windows
 from tests.conftest import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "docs" / "examples" / "slo"

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from slo.alerting import replay
-from slo.budget import budget_status
-from slo.spec import AvailabilitySli, SloSpec
-from slo.status import slo_status
-from slo.windows import default_burn_windows
+from servewatch.slo.alerting import replay
+from servewatch.slo.budget import budget_status
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.status import slo_status
+from servewatch.slo.windows import default_burn_windows
 
 T0 = datetime(2026, 11, 18, 0, 0)
 SPEC = SloSpec("chat", AvailabilitySli(), 0.999, 30 * 86400, default_burn_windows())

@@ -9,8 +9,14 @@ import duckdb
 import polars as pl
 import pytest
 
-from pipeline.store import LATEST_VERSION, MIGRATIONS, SchemaTooNewError, Store, StoreError
-from pipeline.tables import (
+from servewatch.pipeline.store import (
+    LATEST_VERSION,
+    MIGRATIONS,
+    SchemaTooNewError,
+    Store,
+    StoreError,
+)
+from servewatch.pipeline.tables import (
     ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,

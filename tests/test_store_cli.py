@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from collectors.trace_ingest import ingest_trace_files
-from pipeline.store import Store, StoreError
 from servewatch.cli import app
+from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.pipeline.store import Store, StoreError
 from servewatch.service import Service
 from tests.conftest import FIXTURES, free_port
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from pipeline.store import (
+from servewatch.pipeline.store import (
     LATEST_VERSION,
     MAX_TIME_RANGES,
     MIGRATIONS,
@@ -18,7 +18,7 @@ from pipeline.store import (
     Store,
     time_ranges,
 )
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collectors.store_writer import StoreWriter
-from pipeline.store import Store, StoreError
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.pipeline.store import Store, StoreError
 
 
 def test_a_failing_write_is_counted_and_later_writes_still_run() -> None:

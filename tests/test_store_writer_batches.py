@@ -10,10 +10,10 @@ from datetime import datetime
 import polars as pl
 import pytest
 
-from collectors.store_writer import NotCommittedError, StoreWriter
-from collectors.trace_ingest import Reject
-from pipeline.store import Store
-from pipeline.tables import REQUESTS_SCHEMA
+from servewatch.collectors.store_writer import NotCommittedError, StoreWriter
+from servewatch.collectors.trace_ingest import Reject
+from servewatch.pipeline.store import Store
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 
 def request_rows(span_ids: list[str]) -> pl.DataFrame:

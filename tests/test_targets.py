@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.targets import (
+from servewatch.collectors.targets import (
     FileSdSource,
     Target,
     TargetError,

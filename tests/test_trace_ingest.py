@@ -9,9 +9,9 @@ from typing import Any
 
 import polars as pl
 
-from collectors.request_spans import SpanMapping
-from collectors.trace_ingest import ingest_trace_files
-from pipeline.store import Store
+from servewatch.collectors.request_spans import SpanMapping
+from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.pipeline.store import Store
 from tests.conftest import FIXTURES
 
 SMALL = FIXTURES / "vllm_spans_small" / "spans.jsonl"
