@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.report import Comparison
 from servewatch.collectors.trace_ingest import ingest_trace_files
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 SPANS_PER_LINE = 500
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))

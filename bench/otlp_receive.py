@@ -30,7 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from bench.report import Comparison
 from servewatch.collectors.otlp_receiver import PROTOBUF, ReceiverConfig, handle_export
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 REPLICAS = 12
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))

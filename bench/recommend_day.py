@@ -32,8 +32,8 @@ from servewatch.emulator.fleet_config import FleetConfig, RouterSpec, SloSpec, T
 from servewatch.emulator.ground_truth import PROBE_START_S
 from servewatch.emulator.records import FinishedRequests
 from servewatch.emulator.workload import WorkloadSpec
-from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
+from servewatch.store import Store
 
 PER_S = 170.0
 NOW = datetime(2027, 1, 1, tzinfo=UTC)

@@ -30,8 +30,8 @@ import polars as pl
 
 from bench.report import Comparison
 from servewatch.pipeline.request_minutes import EventCriterion
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
+from servewatch.store import Store
 
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))
 START = datetime(2026, 11, 18)
@@ -229,8 +229,8 @@ if what in ("floor", "same"):
     con.close()
 else:
     from bench.rollup_day import SLOS
-    from servewatch.pipeline.rollup_job import roll_up_requests
-    from servewatch.pipeline.store import Store
+    from servewatch.store.rollup_job import roll_up_requests
+    from servewatch.store import Store
     con = duckdb.connect(path)
     con.execute("DELETE FROM rollup_watermarks")  # the next run recomputes everything
     con.close()

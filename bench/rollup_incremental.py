@@ -27,8 +27,8 @@ import polars as pl
 
 from bench.report import Comparison
 from bench.rollup_day import CACHE, SLOS, START, hour_of_requests, insert_requests
-from servewatch.pipeline.rollup_job import roll_up_requests
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_requests
 
 HISTORY_PER_S = 2.0
 NEW_PER_S = 170.0

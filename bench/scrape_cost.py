@@ -63,8 +63,8 @@ from servewatch.collectors.scraper import scrape_targets
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.config import ScrapeSettings
-from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher, page_of, scheduled_targets
+from servewatch.store import Store
 
 LOOPBACK = "127.0.0.1"
 REPLICAS = 16

@@ -53,8 +53,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.parse_exposition import vllm_page
 from bench.report import Comparison
 from servewatch.collectors.scrape_schedule import TargetSchedule, offset_s
-from servewatch.pipeline.store import Store
 from servewatch.service import Service
+from servewatch.store import Store
 
 TARGETS = 300
 LAG_LIMIT_S = 2.0

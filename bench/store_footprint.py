@@ -45,7 +45,7 @@ from servewatch.collectors.replay import PAGES_PER_BATCH
 from servewatch.emulator.fixture_writer import record_fleet
 from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 CACHE = Path(os.environ.get("SERVEWATCH_BENCH_CACHE", Path.home() / ".cache" / "servewatch-bench"))
 START_S = 1_795_046_400.0  # 2026-11-18T00:00:00Z

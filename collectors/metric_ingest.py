@@ -30,8 +30,8 @@ from servewatch.collectors.exposition_batch import parse_expositions
 from servewatch.collectors.targets import Target, TargetKind, targets_frame
 from servewatch.collectors.trace_ingest import Reject, rejects_frame
 from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from servewatch.store import Store
 
 MAX_ERRORS_IN_SCRAPE_ROW = 3
 _PAGE = ["target_id", "scrape_ts"]

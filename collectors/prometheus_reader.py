@@ -50,8 +50,8 @@ from servewatch.collectors.prometheus_api import (
 from servewatch.collectors.targets import Target, TargetKind, targets_frame
 from servewatch.collectors.trace_ingest import Reject, rejects_frame
 from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
+from servewatch.store import Store
 
 DEFAULT_CHUNK_POINTS = 720  # three hours of 15 s steps per query
 KIND_LABEL = "kind"

@@ -16,7 +16,7 @@ from servewatch.collectors.fixture_folder import Fixture, iter_fixture_pages, op
 from servewatch.collectors.metric_ingest import MetricIngestReport, ingest_pages
 from servewatch.collectors.request_spans import SpanMapping
 from servewatch.collectors.trace_ingest import IngestReport, ingest_trace_files
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 PAGES_PER_BATCH = 600
 

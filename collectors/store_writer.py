@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from servewatch.collectors.trace_ingest import Reject, rejects_frame
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 WriteTask = Callable[[Store], object]  # what a task returns is ignored
 # Trace batches merged into one insert at most; about 50 exports of 1,000 spans.

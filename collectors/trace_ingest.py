@@ -17,8 +17,8 @@ import polars as pl
 
 from servewatch.collectors.otlp_json import read_trace_file
 from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import INGEST_ERRORS_SCHEMA
+from servewatch.store import Store
 
 WRITE_BATCH_ROWS = 100_000
 

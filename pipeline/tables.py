@@ -1,6 +1,6 @@
 """Canonical Polars schemas of the store's tables: one constant per table.
 
-Frames handed to `pipeline.store.Store` for writing carry exactly these columns and types;
+Frames handed to `servewatch.store.Store` for writing carry exactly these columns and types;
 a test holds each constant against the table the migrations create, so the two cannot drift.
 Timestamps are naive UTC, microsecond resolution.
 """

@@ -75,15 +75,6 @@ from servewatch.health_service import (
 from servewatch.instants import format_instant, parse_duration, parse_instant
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.rollout_comparison import VersionLabelError
-from servewatch.pipeline.store import (
-    SchemaTooNewError,
-    Store,
-    StoreError,
-    StoreMissingError,
-    StorePathError,
-    damage_error,
-    utc_now,
-)
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.recommend_service import recommend_from_store
@@ -113,6 +104,15 @@ from servewatch.slo.fields import SpecError
 from servewatch.slo.prometheus_rules import prometheus_rules
 from servewatch.slo.spec import SloSpec
 from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
+from servewatch.store import (
+    SchemaTooNewError,
+    Store,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+    utc_now,
+)
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2

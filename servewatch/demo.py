@@ -38,14 +38,14 @@ from servewatch.emulator.vllm_metrics import EngineSettings
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from servewatch.health_service import finding_json, health_findings
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
-from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.service import Service
 from servewatch.slo.alert_state import changes_to_frame
 from servewatch.slo.alerting import replay as replay_alerts
 from servewatch.slo_service import load_specs, slo_minutes_at, status_at
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
 
 DAY_START_S = 1_795_046_400.0  # 2026-11-19T00:00:00Z
 DEMO_LIMITS = GoodputLimits(ttft_s=0.5, tpot_s=0.05)

@@ -27,8 +27,8 @@ from servewatch.capacity.requirement import Requirement
 from servewatch.capacity.traffic_step import TrafficStepSpec, WarmPool, warm_pool
 from servewatch.emulator.fleet_config import FleetConfig
 from servewatch.emulator.ground_truth import fleet_capacity_for_config
-from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
+from servewatch.store import Store
 
 
 class DrillSetupError(Exception):

@@ -16,11 +16,11 @@ from servewatch.instants import format_instant
 from servewatch.pipeline.health_detectors import default_detectors
 from servewatch.pipeline.health_finding import Detector, Finding, HealthInputs
 from servewatch.pipeline.metric_sli import series_dimensions
-from servewatch.pipeline.store import Store
 from servewatch.slo.alert_state import TableAlertStateStore
 from servewatch.slo.burn_rate import evaluation_minute
 from servewatch.slo.finding_alerts import DEFAULT_LOOKBACK_S, FindingEvaluation, step_findings
 from servewatch.slo.notification import Notifier
+from servewatch.store import Store
 
 DEFAULT_VERSION_LABEL = "model"
 

@@ -21,8 +21,8 @@ from servewatch.collectors.prometheus_reader import (
     plan_import,
 )
 from servewatch.instants import format_instant
-from servewatch.pipeline.store import Store
 from servewatch.render import err_console
+from servewatch.store import Store
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -29,8 +29,8 @@ from servewatch.capacity.sizing import RateCapacity
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_minutes import MINUTE_S
 from servewatch.pipeline.metric_sli import series_dimensions
-from servewatch.pipeline.rollup_job import roll_up_request_minutes
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_request_minutes
 
 FIT_SEED = 20261129
 HIT_RATIO_WINDOWS = 6  # at least this many windows for the hit ratio's spread, up to hourly

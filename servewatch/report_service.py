@@ -27,9 +27,9 @@ from servewatch.pipeline.health_finding import Finding
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.rollup_job import roll_up_request_minutes
-from servewatch.pipeline.store import Store
 from servewatch.sli_report import build_sli_report
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_request_minutes
 
 
 def store_report(

@@ -25,7 +25,7 @@ from servewatch.collectors.scraper import ScrapeResult, scrape_target
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.targets import FileSdSource, Target, merge_targets
 from servewatch.config import Config, ScrapeSettings
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 log = logging.getLogger("servewatch.targets")
 LISTED_FAILING = 10  # failing targets named in a health answer; the rest are counted

@@ -41,7 +41,6 @@ from servewatch.config import Config, ConfigError, load_config
 from servewatch.dashboards.export import write_report
 from servewatch.health_service import evaluate_findings
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.store import Store, utc_now
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
@@ -55,6 +54,7 @@ from servewatch.scraping import (
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.spec import SloSpec
 from servewatch.slo_service import evaluate, load_specs
+from servewatch.store import Store, utc_now
 
 log = logging.getLogger("servewatch.run")
 JOB_DEFAULTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": 30}

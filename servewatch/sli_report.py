@@ -29,7 +29,7 @@ from servewatch.pipeline.metric_sli import (
 )
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from servewatch.pipeline.signals import Signal
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 COUNT_FIELDS = (
     "requests",

@@ -16,8 +16,6 @@ import polars as pl
 from servewatch.pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_minutes import EventCriterion
-from servewatch.pipeline.rollup_job import roll_up_requests
-from servewatch.pipeline.store import Store
 from servewatch.slo.alert_state import TableAlertStateStore, changes_from_frame
 from servewatch.slo.alerting import Evaluation, step
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
@@ -25,6 +23,8 @@ from servewatch.slo.imports import load_slo_file
 from servewatch.slo.notification import Notifier
 from servewatch.slo.spec import SloSpec
 from servewatch.slo.status import SloStatus, slo_status
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_requests
 
 
 class SloSetupError(ValueError):

@@ -43,7 +43,7 @@ from servewatch.emulator.workload import (
     TenantSpec,
     WorkloadSpec,
 )
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 START_S = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 SEED = 7

@@ -27,7 +27,7 @@ from servewatch.emulator.workload import (
 )
 from servewatch.health_service import read_health_inputs
 from servewatch.pipeline.health_finding import HealthInputs
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC
 START = datetime.fromtimestamp(START_S, UTC).replace(tzinfo=None)

@@ -23,7 +23,7 @@ from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.ground_truth import meets_slo
 from servewatch.emulator.records import FinishedRequests
 from servewatch.emulator.workload import ArrivalSpec
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 SMALL = FIXTURES / "vllm_spans_small"

@@ -37,8 +37,8 @@ from servewatch.dashboards.report_page import PageChart, render_page, script_jso
 from servewatch.dashboards.token_throughput import token_throughput_chart
 from servewatch.dashboards.tornado import tornado_chart
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.store import Store
 from servewatch.sli_report import build_sli_report
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 CASE = FIXTURES / "dashboards_small"

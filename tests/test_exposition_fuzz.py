@@ -37,7 +37,7 @@ from servewatch.collectors.exposition import (
 from servewatch.collectors.exposition_batch import parse_expositions
 from servewatch.collectors.metric_ingest import Page, ingest_pages
 from servewatch.collectors.targets import Target, TargetKind
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 CAPTURES = tuple(path.read_bytes() for path in sorted((FIXTURES / "samples").glob("*.txt")))

@@ -33,11 +33,11 @@ from servewatch.pipeline.dependency_review import DependencyReview
 from servewatch.pipeline.health_finding import Finding, FindingKind, ScopeUnit
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.rollout_comparison import RolloutComparison
-from servewatch.pipeline.store import Store
 from servewatch.report_service import store_report
 from servewatch.service import Service
 from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.store import Store
 from tests.health_fleet import BASE_TOPOLOGY, START, fleet_config, record
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import polars as pl
 from servewatch.collectors.exposition import parse_exposition
 from servewatch.collectors.metric_ingest import Page, ingest_pages
 from servewatch.collectors.targets import Target, TargetKind
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 VLLM = (FIXTURES / "samples" / "vllm_metrics_production-stack-issue-617.txt").read_text()

@@ -32,7 +32,7 @@ from servewatch.collectors.otlp_receiver import (
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 from servewatch.emulator.request_span import RequestTiming, record_request_span
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
 TOKEN = "s3cret"

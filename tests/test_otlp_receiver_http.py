@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from servewatch.collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig, handle_export
 from servewatch.collectors.store_writer import StoreWriter, TraceCommit
 from servewatch.collectors.trace_ingest import Reject
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.test_otlp_receiver import BODY, TOKEN, make_spans, protobuf_body
 
 PROTOBUF_HEAD = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"

@@ -46,7 +46,13 @@ def test_the_wheel_installs_only_the_servewatch_package(tmp_path: Path) -> None:
         names = archive.namelist()
     top = {name.split("/")[0] for name in names}
     assert {name for name in top if not name.endswith(".dist-info")} == {"servewatch"}
-    for module in ("pipeline/store.py", "slo/burn_windows.toml", "emulator/engine.py", "cli.py"):
+    for module in (
+        "store/store.py",
+        "pipeline/tables.py",
+        "slo/burn_windows.toml",
+        "emulator/engine.py",
+        "cli.py",
+    ):
         assert f"servewatch/{module}" in names
 
     site = tmp_path / "site"
@@ -68,7 +74,7 @@ def test_the_wheel_installs_only_the_servewatch_package(tmp_path: Path) -> None:
     }
     probe = subprocess.run(
         [sys.executable, "-S", "-c",
-         "import servewatch.cli, servewatch.pipeline.store as s; print(s.__file__)"],
+         "import servewatch.cli, servewatch.store as s; print(s.__file__)"],
         capture_output=True, text=True, check=False, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr[-3000:]

@@ -12,8 +12,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from servewatch.pipeline.store import MIGRATIONS, POINT_BLOCK, Store
 from servewatch.pipeline.tables import POINTS_SCHEMA, SAMPLES_SCHEMA, SCRAPES_SCHEMA
+from servewatch.store import Store
+from servewatch.store.migrations import MIGRATIONS
+from servewatch.store.point_layout import POINT_BLOCK
 
 T0 = datetime(2026, 11, 18, 0, 0, 0)
 

@@ -25,8 +25,8 @@ from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest
 from servewatch.collectors.scraper import scrape_targets
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.targets import Target, TargetKind
-from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher, page_of
+from servewatch.store import Store
 from tests.conftest import SAMPLE_PAGE, serving_pages
 
 POISON_LINES = (

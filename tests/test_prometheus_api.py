@@ -42,7 +42,7 @@ from servewatch.collectors.prometheus_reader import (
     target_id_of,
     to_ms,
 )
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import free_port
 
 URL = "http://prometheus.test:9090"

@@ -49,7 +49,7 @@ from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.pipeline.promql import increase, increase_frame, rate, rate_frame
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.live_prometheus import (
     fleet_ports,
     instant_query,

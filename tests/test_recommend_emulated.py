@@ -23,8 +23,8 @@ from servewatch.capacity.decision_record import DecisionRecord
 from servewatch.capacity.pool_capacity import pool_capacities
 from servewatch.capacity.requirement import Requirement, parse_requirement
 from servewatch.cli import app
-from servewatch.pipeline.store import Store
 from servewatch.recommend_service import recommend_from_store
+from servewatch.store import Store
 from tests.emulated_capacity import replayed_case
 
 pytestmark = pytest.mark.slow

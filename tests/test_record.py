@@ -21,8 +21,8 @@ from servewatch.emulator.fleet_config import FleetConfig
 from servewatch.emulator.live_server import LiveFleetServer, run_live
 from servewatch.emulator.span_output import otlp_http_span_output
 from servewatch.emulator.vllm_metrics import EngineSettings
-from servewatch.pipeline.store import Store
 from servewatch.scraping import resolve_targets
+from servewatch.store import Store
 from tests.conftest import free_port, stored_tables
 
 

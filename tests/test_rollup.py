@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from servewatch.pipeline.request_minutes import EventCriterion, request_minutes, slo_minutes
-from servewatch.pipeline.rollup_job import roll_up_requests
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_requests
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 CRITERIA = (

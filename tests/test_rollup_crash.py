@@ -17,16 +17,16 @@ import polars as pl
 import pytest
 
 from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
-from servewatch.pipeline.rollup_job import roll_up_requests
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
+from servewatch.store.rollup_job import roll_up_requests
 
 CHILD = """
 import random, sys
 from datetime import datetime, timedelta
 import polars as pl
 from servewatch.pipeline.request_minutes import EventCriterion
-from servewatch.pipeline.rollup_job import roll_up_requests
-from servewatch.pipeline.store import Store
+from servewatch.store.rollup_job import roll_up_requests
+from servewatch.store import Store
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 t0 = datetime(2026, 11, 18, 10, 0, 0)

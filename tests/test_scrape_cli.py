@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import free_port
 
 

@@ -19,8 +19,8 @@ from servewatch.collectors.scrape_loop import ScheduledTarget, ScrapeLoop, Scrap
 from servewatch.collectors.scrape_schedule import schedule_for
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.targets import Target, TargetKind
-from servewatch.pipeline.store import Store
 from servewatch.scraping import PageBatcher
+from servewatch.store import Store
 from tests.conftest import SAMPLE_PAGE, free_port
 
 INTERVAL_S = 1.0

@@ -20,9 +20,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from servewatch.collectors.scraper import ScrapeResult
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.collectors.trace_ingest import ingest_trace_files
-from servewatch.pipeline.store import Store
 from servewatch.scraping import TargetHealth
 from servewatch.service import SelfMetrics, Service, serve_health
+from servewatch.store import Store
 from tests.conftest import FIXTURES, free_port
 from tests.test_otlp_receiver import make_spans
 

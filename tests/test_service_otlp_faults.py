@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import free_port
 from tests.test_otlp_receiver import make_spans, protobuf_body
 from tests.test_service import SERVEWATCH

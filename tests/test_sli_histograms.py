@@ -17,8 +17,8 @@ from servewatch.collectors.metric_ingest import Page, ingest_pages
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.pipeline.promql import histogram_quantile, increase
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.store import Store
 from servewatch.sli_report import Grouping, SliSource, build_sli_report
+from servewatch.store import Store
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 SCRAPES = 13  # every 10 s for two minutes

@@ -12,7 +12,6 @@ from typing import Any
 import polars as pl
 import pytest
 
-from servewatch.pipeline.store import Store
 from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,
@@ -26,6 +25,7 @@ from servewatch.slo.alerting import evaluate_at, replay, step
 from servewatch.slo.notification import NotificationError
 from servewatch.slo.spec import AvailabilitySli, SloSpec
 from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
+from servewatch.store import Store
 
 T0 = datetime(2026, 11, 18, 0, 0)
 MINUTE = timedelta(minutes=1)

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 from tests.test_replay import raw_requests
 

@@ -9,13 +9,6 @@ import duckdb
 import polars as pl
 import pytest
 
-from servewatch.pipeline.store import (
-    LATEST_VERSION,
-    MIGRATIONS,
-    SchemaTooNewError,
-    Store,
-    StoreError,
-)
 from servewatch.pipeline.tables import (
     ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
@@ -30,6 +23,8 @@ from servewatch.pipeline.tables import (
     TARGETS_SCHEMA,
     UNKNOWN_FAMILIES_SCHEMA,
 )
+from servewatch.store import SchemaTooNewError, Store, StoreError
+from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
 
 RAW_TABLES = ("targets", "scrapes", "series", "points", "requests", "ingest_errors")
 

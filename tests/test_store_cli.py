@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from servewatch.cli import app
 from servewatch.collectors.trace_ingest import ingest_trace_files
-from servewatch.pipeline.store import Store, StoreError
 from servewatch.service import Service
+from servewatch.store import Store, StoreError
 from tests.conftest import FIXTURES, free_port
 
 SPANS = FIXTURES / "vllm_spans_small" / "spans.jsonl"

@@ -10,15 +10,10 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from servewatch.pipeline.store import (
-    LATEST_VERSION,
-    MAX_TIME_RANGES,
-    MIGRATIONS,
-    RETRY_HORIZON,
-    Store,
-    time_ranges,
-)
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
+from servewatch.store import Store
+from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
+from servewatch.store.requests import MAX_TIME_RANGES, RETRY_HORIZON, time_ranges
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")

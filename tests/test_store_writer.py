@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.pipeline.store import Store, StoreError
+from servewatch.store import Store, StoreError
 
 
 def test_a_failing_write_is_counted_and_later_writes_still_run() -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from servewatch.collectors.store_writer import NotCommittedError, StoreWriter
 from servewatch.collectors.trace_ingest import Reject
-from servewatch.pipeline.store import Store
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
+from servewatch.store import Store
 
 
 def request_rows(span_ids: list[str]) -> pl.DataFrame:

@@ -11,7 +11,7 @@ import polars as pl
 
 from servewatch.collectors.request_spans import SpanMapping
 from servewatch.collectors.trace_ingest import ingest_trace_files
-from servewatch.pipeline.store import Store
+from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 SMALL = FIXTURES / "vllm_spans_small" / "spans.jsonl"

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from servewatch.pipeline.request_minutes import EventCriterion
-from servewatch.pipeline.store import MinuteRollupSwap, Store
+from servewatch.store.rollups import MinuteRollupSwap
+from servewatch.store.store import Store
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,46 @@
+"""The store: the one package that holds SQL connections (DuckDB) and owns the schema.
+
+One module per concept: `migrations` (the schema's history), `points` and `compaction` (the
+scrape write path and its blocks), `requests` (the span write path), `rollups` and
+`rollup_job` (minute rollups, kept up to date incrementally), `results` (alerts,
+recommendations, rejected input) and `reads`. `Store` assembles them.
+"""
+
+from servewatch.store.compaction import CompactionReport
+from servewatch.store.connection import Clock, utc_now
+from servewatch.store.errors import (
+    SchemaTooNewError,
+    StoreDamagedError,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+)
+from servewatch.store.rollup_job import (
+    RollupReport,
+    roll_up_request_minutes,
+    roll_up_requests,
+    roll_up_slo_minutes,
+)
+from servewatch.store.rollups import GoodEventLimits, MinuteRollupSwap
+from servewatch.store.store import IN_MEMORY, Store
+
+__all__ = [
+    "IN_MEMORY",
+    "Clock",
+    "CompactionReport",
+    "GoodEventLimits",
+    "MinuteRollupSwap",
+    "RollupReport",
+    "SchemaTooNewError",
+    "Store",
+    "StoreDamagedError",
+    "StoreError",
+    "StoreMissingError",
+    "StorePathError",
+    "damage_error",
+    "roll_up_request_minutes",
+    "roll_up_requests",
+    "roll_up_slo_minutes",
+    "utc_now",
+]

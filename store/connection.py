@@ -1,0 +1,56 @@
+"""The store's connection and clock, and the few queries every part of it uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import duckdb
+import polars as pl
+
+from servewatch.store.sql import identifier
+from servewatch.store.written_keys import WrittenKeys
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """Naive UTC now: the store's time convention."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class StoreBase:
+    """An open DuckDB connection with its path and clock; the base of every part of `Store`."""
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:
+        self._con = connection
+        self.path = path
+        self._clock = clock
+        self._written = WrittenKeys()
+
+    def now(self) -> datetime:
+        """The store's clock (naive UTC), injected at open for tests."""
+        return self._clock()
+
+    def table_schema(self, table: str) -> pl.Schema:
+        """The Polars schema of an existing table (for checks against `pipeline.tables`)."""
+        empty: pl.DataFrame = self._con.sql(f"SELECT * FROM {identifier(table)} LIMIT 0").pl()
+        return empty.schema
+
+    def count(self, table: str) -> int:
+        return self._scalar(f"SELECT count(*) FROM {identifier(table)}")
+
+    def setting(self, name: str) -> str:
+        """The current value of one of DuckDB's settings for this store, as DuckDB prints it
+        (`threads` -> '2', `checkpoint_threshold` -> '61.0 MiB')."""
+        rows = self._con.execute("SELECT current_setting(?)", [name]).fetchall()
+        return str(rows[0][0])
+
+    def _scalar(self, sql: str) -> int:
+        # fetchall, not fetchone: DuckDB 2 keeps a partly fetched result open on the connection.
+        rows = self._con.execute(sql).fetchall()
+        return int(rows[0][0])
+
+    def _read(self, sql: str, params: list[datetime] | None = None) -> pl.LazyFrame:
+        frame: pl.DataFrame = self._con.sql(sql, params=params or []).pl()
+        return frame.lazy()

@@ -1,0 +1,399 @@
+"""The scrape write path: targets, scrapes, series and points, each sample stored once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import duckdb
+import polars as pl
+
+from servewatch.pipeline.tables import (
+    SAMPLES_SCHEMA,
+    SCRAPES_SCHEMA,
+    SERIES_SCHEMA,
+    TARGETS_SCHEMA,
+    UNKNOWN_FAMILIES_SCHEMA,
+)
+from servewatch.store.compaction import PointCompaction
+from servewatch.store.errors import StoreError
+from servewatch.store.point_layout import POINT_BLOCK, POINT_BLOCK_TRUNCATE
+from servewatch.store.sql import check_schema, column_list
+from servewatch.store.written_keys import SERIES_IDS_SCHEMA, WrittenKeys, max_id, scrape_keys
+
+_SERIES_KEY = ["target_id", "metric", "labels"]
+
+
+# The stored form of points in `points_head`; reads give `POINTS_SCHEMA` (microsecond
+# timestamps).
+_POINTS_HEAD_SCHEMA = pl.Schema(
+    {"series_id": pl.Int32(), "ts": pl.Datetime("ms"), "value": pl.Float64()}
+)
+
+
+def _points(keyed: pl.LazyFrame) -> pl.LazyFrame:
+    """Points as `points_head` stores them, in series and time order."""
+    return keyed.select("series_id", ts=pl.col("ts").dt.cast_time_unit("ms"), value="value").sort(
+        "series_id", "ts"
+    )
+
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _block_of(ts: datetime) -> datetime:
+    """The start of the block `ts` falls in: blocks are counted from the epoch, as
+    `dt.truncate` counts them."""
+    return _EPOCH + (ts - _EPOCH) // POINT_BLOCK * POINT_BLOCK
+
+
+def _blocks_of(ts: pl.Series) -> set[datetime]:
+    """The blocks (start times) that points at `ts` fall in."""
+    first, last = ts.min(), ts.max()
+    if first is None:
+        return set()
+    assert isinstance(first, datetime)
+    assert isinstance(last, datetime)
+    if _block_of(first) == _block_of(last):  # the common batch: one block, without a unique()
+        return {_block_of(first)}
+    ends = ts.dt.truncate(POINT_BLOCK_TRUNCATE).dt.cast_time_unit("us")
+    return set(ends.unique().to_list())
+
+
+def _merged(
+    stored: object, incoming: object, pick: Callable[[datetime, datetime], datetime]
+) -> object:
+    """A seen time merged as the targets upsert does (least / greatest, ignoring nulls)."""
+    if isinstance(stored, datetime) and isinstance(incoming, datetime):
+        return pick(stored, incoming)
+    return incoming if stored is None else stored
+
+
+class PointWrites(PointCompaction):
+    """Writes targets, scrapes and their samples; knows which keys are stored (`WrittenKeys`)."""
+
+    def write_targets(self, frame: pl.DataFrame) -> None:
+        """Insert or update targets; first_seen_ts keeps the earliest, last_seen_ts the latest.
+
+        A scrape round re-sends every target it scraped; targets whose row would not change
+        are not written again, and targets known with the same attributes only get their
+        seen times moved (an UPDATE, cheaper in DuckDB than an upsert)."""
+        check_schema("targets", frame, TARGETS_SCHEMA)
+        self._write_targets(frame)
+
+    def _write_targets(self, frame: pl.DataFrame) -> None:
+        if frame.height == 0:
+            return
+        stored = self._stored_targets()
+        moved: list[tuple[object, ...]] = []
+        upserted: list[tuple[object, ...]] = []
+        for row in frame.iter_rows():
+            known = stored.get(row[0])
+            if known is None or known[:-2] != row[:-2]:
+                upserted.append(row)
+                continue
+            first = _merged(known[-2], row[-2], min)
+            last = _merged(known[-1], row[-1], max)
+            if (first, last) != known[-2:]:
+                moved.append((*known[:-2], first, last))
+        if upserted:
+            self._con.register(
+                "incoming_targets", pl.DataFrame(upserted, TARGETS_SCHEMA, orient="row").to_arrow()
+            )
+            try:
+                self._con.execute(
+                    f"""
+                    INSERT INTO targets ({column_list(TARGETS_SCHEMA)})
+                    SELECT {column_list(TARGETS_SCHEMA)} FROM incoming_targets
+                    ON CONFLICT (target_id) DO UPDATE SET
+                        kind = excluded.kind, url = excluded.url, replica = excluded.replica,
+                        host = excluded.host, zone = excluded.zone, model = excluded.model,
+                        pool = excluded.pool, gpus = excluded.gpus,
+                        first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
+                        last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
+                    """
+                )
+            finally:
+                self._con.unregister("incoming_targets")
+        if moved:
+            # The few moved rows go as list parameters: cheaper than scanning an Arrow table.
+            self._con.execute(
+                "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
+                "last_seen_ts = m.last_seen_ts FROM (SELECT unnest(?) AS target_id, "
+                "unnest(?) AS first_seen_ts, unnest(?) AS last_seen_ts) m "
+                "WHERE targets.target_id = m.target_id",
+                [[row[0] for row in moved], [row[-2] for row in moved], [row[-1] for row in moved]],
+            )
+        if upserted:
+            self._written.targets = None  # the upsert merged rows in SQL: read them when needed
+        else:
+            stored.update((str(row[0]), row) for row in moved)
+
+    def _stored_targets(self) -> dict[str, tuple[object, ...]]:
+        if self._written.targets is None:
+            rows = self._con.execute(
+                f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets"
+            ).fetchall()
+            self._written.targets = {row[0]: tuple(row) for row in rows}
+        return self._written.targets
+
+    def write_scrapes(
+        self,
+        scrapes: pl.DataFrame,
+        samples: pl.DataFrame,
+        *,
+        targets: pl.DataFrame | None = None,
+    ) -> tuple[int, int]:
+        """Record scrapes and their samples; a scrape already stored (same target and time) is
+        skipped with its samples, so replaying a recording twice changes nothing. `targets`,
+        if given, are written as `write_targets` does, in the same transaction.
+
+        New (target, metric, labels) combinations get the next integer series ids. Points
+        arrive in DuckDB as plain integer and float columns, ordered by series and time;
+        blocks that closed meanwhile are then compacted (`compact_points`). Returns (new
+        scrapes, new points).
+
+        Cost: a batch in the steady state (known targets and series, scrapes newer than any
+        stored for their target, blocks already awaiting compaction) is one transaction of
+        an UPDATE of the targets' seen times and two INSERTs, scrapes and points: which
+        scrapes are new, the series ids and the open blocks are answered from what this
+        store has written (`WrittenKeys`), and only a batch that those cannot vouch for (a
+        replayed or late scrape) asks the tables.
+        """
+        check_schema("scrapes", scrapes, SCRAPES_SCHEMA)
+        check_schema("samples", samples, SAMPLES_SCHEMA)
+        if targets is None:
+            targets = pl.DataFrame(schema=TARGETS_SCHEMA)
+        check_schema("targets", targets, TARGETS_SCHEMA)
+        if scrapes.height == 0:
+            self._write_targets(targets)
+            return (0, 0)
+        return self._write_scrapes(scrapes, samples, targets, retry=True)
+
+    def _write_scrapes(
+        self, scrapes: pl.DataFrame, samples: pl.DataFrame, targets: pl.DataFrame, *, retry: bool
+    ) -> tuple[int, int]:
+        new_scrapes = self._new_scrapes(scrapes)
+        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
+        keyed = samples.lazy().join(
+            new_scrapes.lazy().select("target_id", scrape_ts="ts"),
+            on=["target_id", "scrape_ts"],
+            how="semi",
+        )
+        keyed = keyed.join(known.lazy(), on=_SERIES_KEY, how="left")
+        # A steady batch knows every series: its points are one query; only a batch with new
+        # series collects the keyed samples to number them, then points again.
+        points = _points(keyed).collect()
+        new_series = pl.DataFrame(schema=SERIES_SCHEMA)
+        if points.get_column("series_id").null_count():
+            known_keyed = keyed.collect()
+            new_series = self._new_series(known_keyed)
+            points = _points(
+                pl.concat(
+                    [
+                        known_keyed.filter(pl.col("series_id").is_not_null()),
+                        known_keyed.filter(pl.col("series_id").is_null())
+                        .drop("series_id")
+                        .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
+                    ]
+                ).lazy()
+            ).collect()
+        if self._may_repeat_points(new_scrapes, samples):
+            points = self._unstored_points(points)
+        blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            self._write_targets(targets)
+            self._append_few("scrapes", new_scrapes, SCRAPES_SCHEMA)
+            self._append("series", new_series, SERIES_SCHEMA)
+            self._append("points_head", points, _POINTS_HEAD_SCHEMA)
+            self._mark_blocks(blocks)
+            self._con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self._con.execute("ROLLBACK")
+            self._written = WrittenKeys()  # some of it may have been learnt in the transaction
+            if retry and isinstance(exc, duckdb.ConstraintException):
+                # Keys written by another connection: what was known is read again.
+                return self._write_scrapes(scrapes, samples, targets, retry=False)
+            raise StoreError(
+                f"writing {scrapes.height} scrapes to {self.path} failed: {exc}"
+            ) from exc
+        self._written.committed(new_scrapes, new_series, blocks)
+        if points.height:
+            latest = points.get_column("ts").max()
+            assert isinstance(latest, datetime)
+            before = latest - POINT_BLOCK / 2
+            if any(block + POINT_BLOCK <= before for block in self._open_blocks()):
+                self.compact_points(before=before)
+        return (new_scrapes.height, points.height)
+
+    def _new_scrapes(self, scrapes: pl.DataFrame) -> pl.DataFrame:
+        """The scrapes of the batch not stored yet, each (target, time) once. A scrape later
+        than any stored for its target is new; only the others are looked up."""
+        keys = scrape_keys(scrapes)
+        unique = scrapes
+        if len(set(keys)) < len(keys):
+            unique = scrapes.unique(["target_id", "ts"], keep="first", maintain_order=True)
+            keys = scrape_keys(unique)
+        latest = self._latest_scrapes()
+        later = [ts > latest[target] if target in latest else True for target, ts in keys]
+        if all(later):
+            return unique
+        doubtful = unique.filter(~pl.Series(later)).select("target_id", "ts")
+        self._con.register("incoming_scrapes", doubtful.to_arrow())
+        try:
+            stored: pl.DataFrame = self._con.sql(
+                "SELECT s.target_id, s.ts FROM incoming_scrapes s "
+                "JOIN scrapes e ON e.target_id = s.target_id AND e.ts = s.ts"
+            ).pl()
+        finally:
+            self._con.unregister("incoming_scrapes")
+        if stored.height == 0:
+            return unique
+        return unique.join(stored, on=["target_id", "ts"], how="anti", maintain_order="left")
+
+    def _may_repeat_points(self, new_scrapes: pl.DataFrame, samples: pl.DataFrame) -> bool:
+        """Whether a point of the batch may already be stored. Not when every sample is at its
+        scrape's time and every scrape is later than any stored for its target: the steady
+        batch, decided without asking the tables. Samples with their own timestamps (a page
+        ingested again under another scrape time) and late scrapes are looked up."""
+        latest = self._latest_scrapes()
+        if any(
+            target in latest and ts <= latest[target] for target, ts in scrape_keys(new_scrapes)
+        ):
+            return True
+        return bool((samples.get_column("ts") != samples.get_column("scrape_ts")).any())
+
+    def _unstored_points(self, points: pl.DataFrame) -> pl.DataFrame:
+        """`points` less those whose (series, time) is stored, or comes earlier in the batch:
+        a sample is stored once however often its page is ingested."""
+        points = points.unique(["series_id", "ts"], keep="first", maintain_order=True)
+        if points.height == 0:
+            return points
+        first, last = points.get_column("ts").min(), points.get_column("ts").max()
+        incoming_points = points.select("series_id", "ts").to_arrow()  # noqa: F841 (read below)
+        stored: pl.DataFrame = self._con.sql(
+            "SELECT p.series_id, CAST(p.ts AS TIMESTAMP_MS) AS ts FROM points p "
+            "JOIN incoming_points i ON p.series_id = i.series_id "
+            "AND p.ts = CAST(i.ts AS TIMESTAMP) WHERE p.ts BETWEEN ? AND ?",
+            params=[first, last],
+        ).pl()
+        if stored.height == 0:
+            return points
+        return points.join(
+            stored.cast({"series_id": pl.Int32(), "ts": pl.Datetime("ms")}),
+            on=["series_id", "ts"],
+            how="anti",
+            maintain_order="left",
+        )
+
+    def _latest_scrapes(self) -> dict[str, datetime]:
+        if self._written.latest_scrape is None:
+            rows = self._con.execute(
+                "SELECT target_id, max(ts) FROM scrapes GROUP BY target_id"
+            ).fetchall()
+            self._written.latest_scrape = dict(rows)
+        return self._written.latest_scrape
+
+    def _known_series(self, targets: list[str]) -> pl.DataFrame:
+        """(target_id, metric, labels, series_id) of the stored series of `targets`."""
+        if self._written.series is None:
+            stored: pl.DataFrame = self._con.sql(
+                "SELECT target_id, metric, labels, series_id FROM series"
+            ).pl()
+            self._written.series = {
+                str(key[0]): part.rechunk()
+                for key, part in stored.partition_by(
+                    "target_id", as_dict=True, maintain_order=False
+                ).items()
+            }
+            self._written.max_series_id = max_id(stored)
+        parts = [self._written.series[t] for t in targets if t in self._written.series]
+        if not parts:
+            return pl.DataFrame(schema=SERIES_IDS_SCHEMA)
+        return pl.concat(parts, rechunk=False)
+
+    def _new_series(self, keyed: pl.DataFrame) -> pl.DataFrame:
+        """Series rows for the keys of `keyed` without a series id, numbered after the
+        highest id in use in (target, metric, labels) order."""
+        if keyed.get_column("series_id").null_count() == 0:
+            return pl.DataFrame(schema=SERIES_SCHEMA)
+        return (
+            keyed.filter(pl.col("series_id").is_null())
+            .group_by(_SERIES_KEY)
+            .agg(pl.col("signal").first(), pl.col("source").first())
+            .sort(_SERIES_KEY)
+            .with_row_index("series_id", offset=self._written.max_series_id + 1)
+            .select(SERIES_SCHEMA.names())
+            .cast(SERIES_SCHEMA)
+        )
+
+    def _append(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
+        if frame.height == 0:
+            return
+        self._from_frame(
+            f"INSERT INTO {table} ({column_list(schema)}) "
+            f"SELECT {column_list(schema)} FROM incoming_frame",
+            frame.select(schema.names()),
+        )
+
+    def _append_few(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
+        """`_append` for a frame of a few rows (a row a page): its columns go as list
+        parameters, which costs DuckDB less than scanning an Arrow table."""
+        if frame.height == 0:
+            return
+        self._con.execute(
+            f"INSERT INTO {table} ({column_list(schema)}) "
+            f"SELECT {', '.join(['unnest(?)'] * len(schema))}",
+            [frame.get_column(name).to_list() for name in schema.names()],
+        )
+
+    def _from_frame(self, sql: str, frame: pl.DataFrame) -> None:
+        """Run `sql`, which reads `frame` as `incoming_frame`: DuckDB finds this local Arrow
+        table by its name (a replacement scan), which spares the catalogue change, and its
+        cost of about a millisecond a statement, that registering a view makes."""
+        incoming_frame = frame.to_arrow()  # noqa: F841 (read by name in `sql`)
+        self._con.execute(sql)
+
+    def _open_blocks(self) -> set[datetime]:
+        """Blocks awaiting compaction (start times)."""
+        if self._written.open_blocks is None:
+            rows = self._con.execute(
+                "SELECT block_ts FROM point_blocks WHERE NOT compacted"
+            ).fetchall()
+            self._written.open_blocks = {row[0] for row in rows}
+        return self._written.open_blocks
+
+    def _mark_blocks(self, blocks: set[datetime]) -> None:
+        """Flag blocks that received points as awaiting compaction."""
+        if not blocks:
+            return
+        touched = pl.DataFrame({"block_ts": sorted(blocks)}, schema={"block_ts": pl.Datetime("us")})
+        self._con.register("touched_blocks", touched.to_arrow())
+        try:
+            self._con.execute(
+                "INSERT INTO point_blocks SELECT block_ts, false FROM touched_blocks "
+                "ON CONFLICT (block_ts) DO UPDATE SET compacted = false"
+            )
+        finally:
+            self._con.unregister("touched_blocks")
+
+    def count_unknown_families(self, frame: pl.DataFrame) -> None:
+        """Add to the per-target tally of sample families no catalogue knows."""
+        check_schema("unknown_families", frame, UNKNOWN_FAMILIES_SCHEMA)
+        if frame.height == 0:
+            return
+        self._con.register("incoming_unknown", frame.to_arrow())
+        try:
+            self._con.execute(
+                f"""
+                INSERT INTO unknown_families ({column_list(UNKNOWN_FAMILIES_SCHEMA)})
+                SELECT {column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM incoming_unknown
+                ON CONFLICT (target_id, family) DO UPDATE SET
+                    samples = unknown_families.samples + excluded.samples,
+                    first_seen_ts = least(unknown_families.first_seen_ts, excluded.first_seen_ts),
+                    last_seen_ts = greatest(unknown_families.last_seen_ts, excluded.last_seen_ts)
+                """
+            )
+        finally:
+            self._con.unregister("incoming_unknown")

@@ -1,0 +1,106 @@
+"""Reading the stored tables back as Polars frames, windowed by time where a table has one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from servewatch.pipeline.tables import (
+    REQUEST_MINUTES_SCHEMA,
+    REQUESTS_SCHEMA,
+    SCRAPES_SCHEMA,
+    SERIES_SCHEMA,
+    SLO_MINUTES_SCHEMA,
+    TARGETS_SCHEMA,
+    UNKNOWN_FAMILIES_SCHEMA,
+)
+from servewatch.store.connection import StoreBase
+from servewatch.store.sql import column_list, ms_ceiling, window_clauses
+
+
+class Reads(StoreBase):
+    """Reads every table back, ordered so no caller depends on storage order."""
+
+    def read_requests(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        """Requests that finished in [from_ts, to_ts) (naive UTC), oldest first."""
+        clauses, params = window_clauses("end_ts", from_ts, to_ts)
+        sql = f"SELECT {column_list(REQUESTS_SCHEMA)} FROM requests{clauses} ORDER BY end_ts"
+        return self._read(sql, params)
+
+    def read_targets(self) -> pl.LazyFrame:
+        return self._read(f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id")
+
+    def read_scrapes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = window_clauses("ts", from_ts, to_ts)
+        sql = f"SELECT {column_list(SCRAPES_SCHEMA)} FROM scrapes{clauses} ORDER BY target_id, ts"
+        return self._read(sql, params)
+
+    def read_series(self) -> pl.LazyFrame:
+        return self._read(f"SELECT {column_list(SERIES_SCHEMA)} FROM series ORDER BY series_id")
+
+    def read_points(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        """Points in [from_ts, to_ts), ordered by series and time."""
+        # Stored times are whole milliseconds, so `ts >= t` is `ts >= t rounded up to a
+        # millisecond`; comparing in the stored type lets DuckDB skip blocks by min/max.
+        clauses, params = window_clauses(
+            "ts",
+            None if from_ts is None else ms_ceiling(from_ts),
+            None if to_ts is None else ms_ceiling(to_ts),
+            cast="TIMESTAMP_MS",
+        )
+        # The window picks instants first; a compacted block's instants are one contiguous id
+        # range, so bounding point_rows by the picked ids lets DuckDB skip other blocks' row
+        # groups by their min/max.
+        sql = f"""
+            WITH picked AS (SELECT instant, ts FROM point_instants{clauses})
+            SELECT p.series_id, CAST(i.ts AS TIMESTAMP) AS ts, p.value
+            FROM point_rows p JOIN picked i USING (instant)
+            WHERE p.instant BETWEEN (SELECT min(instant) FROM picked)
+                                AND (SELECT max(instant) FROM picked)
+            UNION ALL
+            SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head{clauses}
+            ORDER BY series_id, ts
+        """
+        return self._read(sql, params + params)
+
+    def points_range(self) -> tuple[datetime, datetime] | None:
+        """First and last sample time stored, or None without points."""
+        rows = self._con.execute(
+            "SELECT CAST(min(ts) AS TIMESTAMP), CAST(max(ts) AS TIMESTAMP) FROM ("
+            "SELECT ts FROM point_instants UNION ALL SELECT ts FROM points_head)"
+        ).fetchall()
+        first, last = rows[0]
+        return None if first is None else (first, last)
+
+    def read_unknown_families(self) -> pl.LazyFrame:
+        return self._read(
+            f"SELECT {column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM unknown_families "
+            "ORDER BY target_id, family"
+        )
+
+    def read_request_minutes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = window_clauses("minute_ts", from_ts, to_ts)
+        return self._read(
+            f"SELECT {column_list(REQUEST_MINUTES_SCHEMA)} FROM request_minutes{clauses} "
+            "ORDER BY minute_ts, replica",
+            params,
+        )
+
+    def read_slo_minutes(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> pl.LazyFrame:
+        clauses, params = window_clauses("minute_ts", from_ts, to_ts)
+        return self._read(
+            f"SELECT {column_list(SLO_MINUTES_SCHEMA)} FROM slo_minutes{clauses} "
+            "ORDER BY slo, minute_ts, replica",
+            params,
+        )
