@@ -1,6 +1,6 @@
 """Health findings: what the fleet-health detectors found, as a timeline and as a table.
 
-`findings_frame` flattens `pipeline.health_finding.Finding`s into one row each (kind, scope,
+`findings_frame` flattens `health.finding.Finding`s into one row each (kind, scope,
 start, end, confidence, summary, evidence as text, suggestion); the charts read that frame.
 The timeline draws a bar per finding from its start to its end (an ongoing one to the end of
 the report window, marked "ongoing"), one row per affected scope, coloured by failure mode;
@@ -29,7 +29,7 @@ from servewatch.dashboards.panel import (
     time_x,
     titled,
 )
-from servewatch.pipeline.health_finding import Finding, FindingKind
+from servewatch.health.finding import Finding, FindingKind
 
 KIND_COLORS = {
     FindingKind.SLOW_REPLICA.value: "#d62728",

@@ -53,7 +53,7 @@ from servewatch.dashboards.token_throughput import (
     token_throughput_chart,
 )
 from servewatch.dashboards.tornado import tornado_chart
-from servewatch.pipeline.health_finding import Finding
+from servewatch.health.finding import Finding
 from servewatch.pipeline.request_minutes import request_minutes
 from servewatch.pipeline.request_sli import GoodputLimits
 

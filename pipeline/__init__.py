@@ -1,4 +1,4 @@
-"""The ground floor: the store, canonical table schemas and the pure SLI transforms.
+"""The ground floor: canonical table schemas, signals, PromQL and the pure SLI transforms.
 
-Nothing here talks to the network or imports another package of the project.
+Nothing here talks to the network, opens the store or imports another room of the project.
 """

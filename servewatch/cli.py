@@ -66,6 +66,7 @@ from servewatch.emulator.clients import RetryPolicy
 from servewatch.emulator.fleet_config import FleetConfig, FleetConfigError, load_fleet_config
 from servewatch.emulator.native import describe as emulator_implementation
 from servewatch.emulator.workload import SpecError as EmulatorSpecError
+from servewatch.health.rollout_comparison import VersionLabelError
 from servewatch.health_service import (
     DEFAULT_VERSION_LABEL,
     finding_json,
@@ -74,7 +75,6 @@ from servewatch.health_service import (
 )
 from servewatch.instants import format_instant, parse_duration, parse_instant
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.rollout_comparison import VersionLabelError
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.recommend_service import recommend_from_store

@@ -12,9 +12,9 @@ from typing import Any
 
 import polars as pl
 
+from servewatch.health.detectors import default_detectors
+from servewatch.health.finding import Detector, Finding, HealthInputs
 from servewatch.instants import format_instant
-from servewatch.pipeline.health_detectors import default_detectors
-from servewatch.pipeline.health_finding import Detector, Finding, HealthInputs
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.slo.alert_state import TableAlertStateStore
 from servewatch.slo.burn_rate import evaluation_minute

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servewatch.pipeline.health_finding import Finding
+from servewatch.health.finding import Finding
 from servewatch.slo.alert_state import AlertChange
 from servewatch.slo.status import SloStatus
 

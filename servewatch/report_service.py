@@ -22,8 +22,8 @@ from servewatch.dashboards.report import (
     TornadoView,
     build_report,
 )
+from servewatch.health.finding import Finding
 from servewatch.health_service import DEFAULT_VERSION_LABEL, health_findings
-from servewatch.pipeline.health_finding import Finding
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_sli import GoodputLimits

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from servewatch.pipeline.health_finding import Finding
+from servewatch.health.finding import Finding
 from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,

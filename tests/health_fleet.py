@@ -25,8 +25,8 @@ from servewatch.emulator.workload import (
     TenantSpec,
     WorkloadSpec,
 )
+from servewatch.health.finding import HealthInputs
 from servewatch.health_service import read_health_inputs
-from servewatch.pipeline.health_finding import HealthInputs
 from servewatch.store import Store
 
 START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC

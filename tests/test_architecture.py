@@ -19,7 +19,7 @@ SHELL = "servewatch"
 # drives it as a simulator.
 FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"pipeline", "emulator"}),
-    frozenset({"store"}),
+    frozenset({"store", "health"}),
     frozenset({"collectors", "slo", "dashboards"}),
     frozenset({"capacity"}),
     frozenset({SHELL}),

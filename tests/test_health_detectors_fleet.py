@@ -11,11 +11,11 @@ import pytest
 
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.workload import RateStep
-from servewatch.pipeline.affinity_loss import AffinityLossDetector
-from servewatch.pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
-from servewatch.pipeline.kv_pressure import KvPressureDetector
-from servewatch.pipeline.slow_replica import SlowReplicaDetector
-from servewatch.pipeline.traffic_step import TrafficStepDetector
+from servewatch.health.affinity_loss import AffinityLossDetector
+from servewatch.health.finding import Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.kv_pressure import KvPressureDetector
+from servewatch.health.slow_replica import SlowReplicaDetector
+from servewatch.health.traffic_step import TrafficStepDetector
 from tests.health_fleet import START, fleet_config, recorded_inputs
 
 MINUTES = 40

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from servewatch.pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
-from servewatch.pipeline.health_finding import FindingKind, HealthInputs, ScopeUnit
-from servewatch.pipeline.kv_pressure import KvPressureDetector
+from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes
+from servewatch.health.finding import FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.kv_pressure import KvPressureDetector
 from servewatch.pipeline.signals import Signal
 
 T0 = datetime(2026, 11, 19)

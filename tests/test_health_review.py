@@ -24,15 +24,15 @@ from servewatch.collectors.replay import replay_fixture
 from servewatch.dashboards.export import chart_specs, report_html
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fleet_config import DEFAULT_MODEL, TopologySpec
+from servewatch.health.dependency_review import DependencyReview
+from servewatch.health.finding import Finding, FindingKind, ScopeUnit
+from servewatch.health.rollout_comparison import RolloutComparison
 from servewatch.health_service import (
     evaluate_findings,
     health_findings,
     read_health_inputs,
 )
-from servewatch.pipeline.dependency_review import DependencyReview
-from servewatch.pipeline.health_finding import Finding, FindingKind, ScopeUnit
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.rollout_comparison import RolloutComparison
 from servewatch.report_service import store_report
 from servewatch.service import Service
 from servewatch.slo.alert_state import changes_from_frame

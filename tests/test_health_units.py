@@ -15,14 +15,14 @@ from servewatch.emulator.failures import ActionKind, FailureKind, FailureSpec, f
 from servewatch.emulator.fleet_config import load_fleet_config
 from servewatch.emulator.records import ReplicaPlacement
 from servewatch.emulator.workload import SpecError
-from servewatch.health_service import finding_json, ordered
-from servewatch.pipeline.dependency_review import DependencyReview
-from servewatch.pipeline.health_finding import Finding, FindingKind, HealthInputs, ScopeUnit
-from servewatch.pipeline.rollout_comparison import (
+from servewatch.health.dependency_review import DependencyReview
+from servewatch.health.finding import Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.rollout_comparison import (
     RolloutComparison,
     VersionLabelError,
     block_bootstrap_means,
 )
+from servewatch.health_service import finding_json, ordered
 from servewatch.pipeline.tables import REQUESTS_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA
 from servewatch.slo.alert_state import AlertState, InMemoryAlertStateStore
 from servewatch.slo.finding_alerts import finding_conditions, is_finding_alert, step_findings

@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from servewatch.pipeline.health_finding import (
+from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,

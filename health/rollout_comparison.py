@@ -26,7 +26,7 @@ from enum import Enum
 
 import polars as pl
 
-from servewatch.pipeline.health_finding import (
+from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from servewatch.pipeline.health_finding import (
+from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,

@@ -26,8 +26,8 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from servewatch.pipeline.health_episodes import episode_end, flagged_episodes
-from servewatch.pipeline.health_finding import (
+from servewatch.health.episodes import episode_end, flagged_episodes
+from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,

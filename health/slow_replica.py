@@ -7,7 +7,7 @@ batch: running batches fall into doubling bins ([0, 2), [2, 4), [4, 8), ...), an
 curve is the median inter-token latency of the *other* replicas of the pool in each bin, so
 the replica under test never sets its own baseline and one bad peer barely moves a median.
 Minutes in which the replica preempted requests are left out: KV pressure slows steps for a
-reason of its own (`pipeline.kv_pressure` reports it). A minute is slow when the replica's
+reason of its own (`health.kv_pressure` reports it). A minute is slow when the replica's
 latency is at least `ratio_threshold` times the pool's at its batch; slow minutes bridged over
 gaps of up to `max_gap_minutes` form an episode, which needs `min_minutes` slow minutes.
 
@@ -23,8 +23,8 @@ from datetime import datetime
 
 import polars as pl
 
-from servewatch.pipeline.health_episodes import binomial_tail, episode_end, flagged_episodes
-from servewatch.pipeline.health_finding import (
+from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes
+from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,
