@@ -23,8 +23,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import polars as pl
 
@@ -32,6 +35,7 @@ from servewatch.collectors.trace_ingest import Reject, rejects_frame
 from servewatch.store import Store
 
 WriteTask = Callable[[Store], object]  # what a task returns is ignored
+T = TypeVar("T")
 # Trace batches merged into one insert at most; about 50 exports of 1,000 spans.
 MAX_MERGED_ROWS = 50_000
 LINGER_S = 0.2
@@ -131,6 +135,30 @@ class StoreWriter:
 
     def submit_task(self, task: WriteTask) -> None:
         self._queue.put(task)
+
+    def call(self, task: Callable[[Store], T], *, timeout_s: float) -> T:
+        """Run `task` on the writer's thread, in turn with the writes, and return what it
+        returns (or raise what it raised): how other threads read the store. TimeoutError
+        when it has not finished within `timeout_s`; refused once the writer is closing."""
+        done: Future[T] = Future()
+
+        def run(store: Store) -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(task(store))
+            except Exception as exc:  # noqa: BLE001 (handed to the caller, who raises it)
+                done.set_exception(exc)
+
+        with self._closing_lock:
+            if self._closing:
+                raise NotCommittedError("the store writer is stopping")
+            self._queue.put(run)
+        try:
+            return done.result(timeout=timeout_s)
+        except FuturesTimeout as exc:
+            done.cancel()
+            raise TimeoutError(f"the store did not answer within {timeout_s:g} s") from exc
 
     def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
         """Request rows and rejects from a trace batch (the OTLP receiver's sink); the commit

@@ -48,6 +48,7 @@ from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest
 from servewatch.collectors.prometheus_api import PrometheusApiError
 from servewatch.collectors.prometheus_reader import ImportWindow, Resolution
 from servewatch.collectors.replay import fixture_page_count, replay_fixture
+from servewatch.collectors.service_api import ServiceApiError, fetch_window
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
 from servewatch.config import Config, ConfigError, load_config
@@ -73,9 +74,11 @@ from servewatch.health_service import (
     health_findings,
     health_window,
 )
-from servewatch.instants import format_instant, parse_duration, parse_instant
+from servewatch.pipeline.instants import format_instant, parse_duration, parse_instant
 from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report, points_window
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
+from servewatch.pipeline.window import Window, WindowQuery
 from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.recommend_service import recommend_from_store
 from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
@@ -94,10 +97,9 @@ from servewatch.render import (
     sli_table,
     slo_status_table,
 )
-from servewatch.report_service import store_report
+from servewatch.report_service import window_report
 from servewatch.scraping import resolve_targets, scrape_round, scrape_until
 from servewatch.service import Service
-from servewatch.sli_report import Grouping, SliSource, build_sli_report
 from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.fields import SpecError
@@ -107,10 +109,12 @@ from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_a
 from servewatch.store import (
     SchemaTooNewError,
     Store,
+    StoreBusyError,
     StoreError,
     StoreMissingError,
     StorePathError,
     damage_error,
+    roll_up_request_minutes,
     utc_now,
 )
 
@@ -216,21 +220,54 @@ def _store_failure(exc: StoreError) -> typer.Exit:
 
 
 @contextmanager
-def open_store(*, create: bool = False) -> Iterator[Store]:
+def open_store(*, create: bool = False, read_only: bool = False) -> Iterator[Store]:
     """The store at --db for one command. Only commands that store data create a missing one;
-    damage DuckDB finds while the command runs is one line and exit 1, as at open."""
+    reading commands open it `read_only` and write nothing; damage DuckDB finds while the
+    command runs is one line and exit 1, as at open."""
     try:
-        store = Store.open(state.db, create=create)
+        store = Store.open(state.db, create=create, read_only=read_only)
     except StoreError as exc:
         raise _store_failure(exc) from exc
+    with _damage_is_one_line(store):
+        yield store
+
+
+@contextmanager
+def _damage_is_one_line(store: Store) -> Iterator[None]:
     with store:
         try:
-            yield store
+            yield
         except Exception as exc:
             damaged = damage_error(store.path, exc)
             if damaged is None:
                 raise
             raise fail(str(damaged)) from exc
+
+
+def read_window(query: WindowQuery) -> Window:
+    """The window of the store at --db, opened read-only; while a `servewatch run` holds the
+    store, the same window read by it, through its local API."""
+    try:
+        store = Store.open(state.db, create=False, read_only=True)
+    except StoreBusyError as exc:
+        holder = exc.holder
+        if holder is None or holder.api_url is None:
+            raise _store_failure(exc) from exc
+        err_console.print(
+            labelled(
+                "note:",
+                f"{state.db} is held by `{holder.command}` (PID {holder.pid}): reading it "
+                f"through {holder.api_url}",
+            )
+        )
+        try:
+            return fetch_window(holder.api_url, query)
+        except ServiceApiError as api_exc:
+            raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
+    except StoreError as exc:
+        raise _store_failure(exc) from exc
+    with _damage_is_one_line(store):
+        return store.read_query(query)
 
 
 def _instant(value: str | None, option: str) -> datetime | None:
@@ -293,6 +330,7 @@ def ingest_traces(
     """
     with open_store(create=True) as store:
         report = run_trace_ingest(store, files)
+        roll_up_request_minutes(store)
     if as_json:
         print_json(_ingest_json(report))
     else:
@@ -422,6 +460,7 @@ def replay(
             keep_uncatalogued=keep_uncatalogued,
             on_pages=lambda n: progress.advance(task, n),
         )
+        roll_up_request_minutes(store)
     document = {
         "fixture": str(folder),
         "emulated": report.fixture.emulated,
@@ -745,10 +784,8 @@ def sli(
             step = parse_duration(window)
         except ValueError as exc:
             raise fail(f"--window: {exc}", code=EXIT_BAD_INPUT) from exc
-    with open_store() as store:
-        report = build_sli_report(
-            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step, source=source
-        )
+    window_read = read_window(WindowQuery(from_ts, to_ts, **points_window(step)))
+    report = build_sli_report(window_read, limits=limits, by=by, step=step, source=source)
     if as_json:
         print_json(report)
     else:
@@ -883,7 +920,7 @@ def slo_status_command(
     state of every SLO, exact from per-minute good and total counts."""
     specs = _slo_specs(slo, config)
     moment = _instant(at, "--at") or utc_now()
-    with open_store() as store:
+    with open_store(read_only=True) as store:
         statuses = status_at(store, specs=specs, at=moment)
     if as_json:
         print_json({"at": format_instant(moment), "slos": [s.to_json() for s in statuses]})
@@ -955,7 +992,7 @@ def slo_evaluate_command(
 @app.command()
 def alerts(as_json: JsonOption = False) -> None:
     """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
-    with open_store() as store:
+    with open_store(read_only=True) as store:
         changes = changes_from_frame(store.read_alert_changes().collect())
     if as_json:
         print_json({"alerts": [change_json(c) for c in changes]})
@@ -996,18 +1033,14 @@ def health(
             f"--to ({format_instant(to_ts)}) must be after --from ({format_instant(from_ts)})",
             code=EXIT_BAD_INPUT,
         )
-    with open_store() as store:
-        try:
-            window = health_window(store, from_ts=from_ts, to_ts=to_ts)
-            findings = health_findings(
-                store,
-                from_ts=from_ts,
-                to_ts=to_ts,
-                version_label=version_label,
-                zone_loss_in_scope=zone_loss,
-            )
-        except ValueError as exc:
-            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    stored = read_window(WindowQuery(from_ts, to_ts))
+    try:
+        window = health_window(stored)
+        findings = health_findings(
+            stored, version_label=version_label, zone_loss_in_scope=zone_loss
+        )
+    except ValueError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     if as_json:
         print_json(
             {
@@ -1050,6 +1083,7 @@ def recommend(
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
     with open_store() as store:
+        roll_up_request_minutes(store)
         try:
             with process_map() as mapper:
                 record, measured = recommend_from_store(
@@ -1214,7 +1248,7 @@ def drill(
     except RequirementError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     from_ts, to_ts = _instant(from_, "--from"), _instant(to, "--to")
-    with open_store() as store, err_console.status("fitting the engine and drilling"):
+    with open_store(read_only=True) as store, err_console.status("fitting the engine and drilling"):
         try:
             found = store_drill(
                 store, requirement=spec_requirement, hosts=hosts, from_ts=from_ts, to_ts=to_ts
@@ -1296,13 +1330,11 @@ def report(
             f"--out {out}: is a file; the report is a folder (report.html and charts/)",
             code=EXIT_BAD_INPUT,
         )
-    with open_store() as store:
-        try:
-            built = store_report(
-                store, limits=limits, from_ts=from_ts, to_ts=to_ts, version_label=version_label
-            )
-        except VersionLabelError as exc:
-            raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    stored = read_window(WindowQuery(from_ts, to_ts))
+    try:
+        built = window_report(stored, limits=limits, version_label=version_label)
+    except VersionLabelError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with err_console.status("rendering charts"):
         files = write_report(built, out, images=images)
     document = {"html": str(files.html), "html_bytes": files.html_bytes, "out": str(out)}

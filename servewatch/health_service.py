@@ -1,5 +1,5 @@
-"""`servewatch health`: the store read into `HealthInputs` for a window, every default detector
-run over it, and the findings in reading order (earliest first; at the same start, the surest).
+"""`servewatch health`: a store window cut into `HealthInputs`, every default detector run over
+it, and the findings in reading order (earliest first; at the same start, the surest).
 
 Shared by the `health` command, the report and the service's evaluation job.
 """
@@ -14,8 +14,9 @@ import polars as pl
 
 from servewatch.health.detectors import default_detectors
 from servewatch.health.finding import Detector, Finding, HealthInputs
-from servewatch.instants import format_instant
+from servewatch.pipeline.instants import format_instant
 from servewatch.pipeline.metric_sli import series_dimensions
+from servewatch.pipeline.window import POINTS_LEAD, Window
 from servewatch.slo.alert_state import TableAlertStateStore
 from servewatch.slo.burn_rate import evaluation_minute
 from servewatch.slo.finding_alerts import DEFAULT_LOOKBACK_S, FindingEvaluation, step_findings
@@ -26,47 +27,43 @@ DEFAULT_VERSION_LABEL = "model"
 
 
 def _eager(frame: pl.LazyFrame) -> pl.LazyFrame:
-    # Detectors read the same frames several times; read each from the store once.
+    # Detectors read the same frames several times; cut each from the window once.
     return frame.collect().lazy()
 
 
-def health_window(
-    store: Store, *, from_ts: datetime | None, to_ts: datetime | None
-) -> tuple[datetime, datetime] | None:
-    """[from, to): open ends default to the stored samples' (and requests') span; None when
-    the store holds nothing to examine."""
-    stored = store.points_range()
-    bounds = store.read_requests().select(first=pl.col("end_ts").min(), last=pl.col("end_ts").max())
-    row = bounds.collect().row(0)
-    firsts = [t for t in (stored[0] if stored else None, row[0]) if t is not None]
-    lasts = [t for t in (stored[1] if stored else None, row[1]) if t is not None]
-    if not firsts:
+def health_window(window: Window) -> tuple[datetime, datetime] | None:
+    """[from, to) of the window: open ends default to the stored samples' (and requests')
+    span; None when the store holds nothing to examine."""
+    spans = [s for s in (window.stored_points, window.stored_requests) if s is not None]
+    if not spans:
         return None
-    start = from_ts or min(firsts).replace(second=0, microsecond=0)
-    end = to_ts or max(lasts).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = window.from_ts or min(s.first for s in spans).replace(second=0, microsecond=0)
+    end = window.to_ts or max(s.last for s in spans).replace(second=0, microsecond=0) + timedelta(
+        minutes=1
+    )
     if end <= start:
         raise ValueError(f"health window ends ({end}) at or before it starts ({start})")
     return start, end
 
 
-def read_health_inputs(
-    store: Store,
+def health_inputs(
+    window: Window,
     *,
     start: datetime,
     end: datetime,
     version_label: str = DEFAULT_VERSION_LABEL,
     zone_loss_in_scope: bool = True,
 ) -> HealthInputs:
-    """What the detectors read over [start, end), held in memory (points from a minute
+    """What the detectors read over [start, end) of the window (points from a minute
     earlier, so the first minute's counter increments are complete)."""
     return HealthInputs(
         start=start,
         end=end,
-        points=_eager(store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)),
-        dimensions=_eager(series_dimensions(store.read_series(), store.read_targets())),
-        requests=_eager(store.read_requests(from_ts=start, to_ts=end)),
-        targets=_eager(store.read_targets()),
-        scrapes=_eager(store.read_scrapes(from_ts=start, to_ts=end)),
+        points=_eager(window.points_between(start - POINTS_LEAD, end)),
+        dimensions=_eager(series_dimensions(window.series.lazy(), window.targets.lazy())),
+        requests=_eager(window.requests_between(start, end)),
+        targets=window.targets.lazy(),
+        scrapes=_eager(window.scrapes_between(start, end)),
         version_label=version_label,
         zone_loss_in_scope=zone_loss_in_scope,
     )
@@ -90,22 +87,20 @@ def run_detectors(inputs: HealthInputs, detectors: Sequence[Detector]) -> tuple[
 
 
 def health_findings(
-    store: Store,
+    window: Window,
     *,
-    from_ts: datetime | None = None,
-    to_ts: datetime | None = None,
     version_label: str = DEFAULT_VERSION_LABEL,
     zone_loss_in_scope: bool = True,
     detectors: Sequence[Detector] | None = None,
 ) -> tuple[Finding, ...]:
-    """Every finding of the detectors (the default set when None) over [from_ts, to_ts)."""
-    window = health_window(store, from_ts=from_ts, to_ts=to_ts)
-    if window is None:
+    """Every finding of the detectors (the default set when None) over the window."""
+    bounds = health_window(window)
+    if bounds is None:
         return ()
-    inputs = read_health_inputs(
-        store,
-        start=window[0],
-        end=window[1],
+    inputs = health_inputs(
+        window,
+        start=bounds[0],
+        end=bounds[1],
         version_label=version_label,
         zone_loss_in_scope=zone_loss_in_scope,
     )
@@ -124,7 +119,8 @@ def evaluate_findings(
     `at` raised or resolved as tickets in the `alerts` table, the notifier told."""
     end = evaluation_minute(at)
     start = end - timedelta(seconds=lookback_s)
-    inputs = read_health_inputs(store, start=start, end=end, version_label=version_label)
+    window = store.read_window(from_ts=start, to_ts=end)
+    inputs = health_inputs(window, start=start, end=end, version_label=version_label)
     findings = run_detectors(inputs, default_detectors())
     return step_findings(
         findings,

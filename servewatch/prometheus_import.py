@@ -20,7 +20,7 @@ from servewatch.collectors.prometheus_reader import (
     import_range,
     plan_import,
 )
-from servewatch.instants import format_instant
+from servewatch.pipeline.instants import format_instant
 from servewatch.render import err_console
 from servewatch.store import Store
 

@@ -29,8 +29,9 @@ from servewatch.capacity.sizing import RateCapacity
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_minutes import MINUTE_S
 from servewatch.pipeline.metric_sli import series_dimensions
+from servewatch.pipeline.request_minutes import request_minutes
 from servewatch.store import Store
-from servewatch.store.rollup_job import roll_up_request_minutes
+from servewatch.store.rollups import REQUEST_MINUTES_VERSION
 
 FIT_SEED = 20261129
 HIT_RATIO_WINDOWS = 6  # at least this many windows for the hit ratio's spread, up to hourly
@@ -88,13 +89,8 @@ def _latency_column(requirement: Requirement) -> str:
 def _window(
     store: Store, from_ts: datetime | None, to_ts: datetime | None
 ) -> tuple[datetime, datetime] | None:
-    minutes = (
-        store.read_request_minutes(from_ts=from_ts, to_ts=to_ts)
-        .select(pl.col("minute_ts").min().alias("lo"), pl.col("minute_ts").max().alias("hi"))
-        .collect()
-    )
-    lo, hi = minutes.row(0)
-    return None if lo is None else (from_ts or lo, to_ts or hi)
+    span = store.request_minute_span(from_ts=from_ts, to_ts=to_ts)
+    return None if span is None else (from_ts or span[0], to_ts or span[1])
 
 
 def measure(
@@ -106,7 +102,6 @@ def measure(
     mapper: Mapper = serial_map,
 ) -> Measurements:
     notes: list[str] = []
-    roll_up_request_minutes(store)
     layout = _layout(store, notes)
     fit: KneeFit | None = None
     limit = requirement.slo.latency_limit_s
@@ -155,9 +150,14 @@ def measure(
         )
     else:
         column = _latency_column(requirement)
-        minutes = store.read_request_minutes(from_ts=window[0], to_ts=window[1]).filter(
-            pl.col("replica").is_not_null()
-        )
+        # A store written without its rollup (a reader may not run it): the minutes are
+        # counted from the window's requests, as the rollup counts them.
+        current = store.rollup_is_current("request_minutes", fingerprint=REQUEST_MINUTES_VERSION)
+        minutes = (
+            store.read_request_minutes(from_ts=window[0], to_ts=window[1])
+            if current
+            else request_minutes(requests)
+        ).filter(pl.col("replica").is_not_null())
         if isinstance(requirement.replica, RateCapacity):
             frame = minutes.select(
                 "replica", load=pl.col("requests") / MINUTE_S, latency_p95_s=pl.col(column)

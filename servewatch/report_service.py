@@ -1,4 +1,4 @@
-"""The report from the store: every frame the dashboards can draw, read once, then the page.
+"""The report of a store window: every frame the dashboards can draw, read once, then the page.
 
 Shared by `servewatch report`, the demo and the `run` service's report job. With a decision
 record, its failure table (drilled rows marked), sensitivity tornado and failure drill are
@@ -27,9 +27,9 @@ from servewatch.health_service import DEFAULT_VERSION_LABEL, health_findings
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.sli_report import build_sli_report
+from servewatch.pipeline.sli_report import build_sli_report
+from servewatch.pipeline.window import POINTS_LEAD, Window
 from servewatch.store import Store
-from servewatch.store.rollup_job import roll_up_request_minutes
 
 
 def store_report(
@@ -42,25 +42,44 @@ def store_report(
     findings: Sequence[Finding] | None = None,
     record: DecisionRecord | None = None,
 ) -> Report:
-    """The report over [from_ts, to_ts) (all data when open): traces, rollups, SLO minutes,
-    the per-minute frames of scraped series, and the fleet-health findings (versions told
-    apart by `version_label`; pass `findings` when the caller already has them)."""
-    roll_up_request_minutes(store)
+    """The report over [from_ts, to_ts) of the store as it is (all data when open): the
+    window read once, then `window_report`. Rollups are the writers' job: this writes nothing."""
+    return window_report(
+        store.read_window(from_ts=from_ts, to_ts=to_ts),
+        limits=limits,
+        version_label=version_label,
+        findings=findings,
+        record=record,
+    )
+
+
+def window_report(
+    window: Window,
+    *,
+    limits: GoodputLimits,
+    version_label: str = DEFAULT_VERSION_LABEL,
+    findings: Sequence[Finding] | None = None,
+    record: DecisionRecord | None = None,
+) -> Report:
+    """The report over the window: traces, rollups, SLO minutes, the per-minute frames of
+    scraped series, and the fleet-health findings (versions told apart by `version_label`;
+    pass `findings` when the caller already has them)."""
+    from_ts, to_ts = window.from_ts, window.to_ts
     metric_frames: dict[str, pl.LazyFrame] = {}
-    stored = store.points_range()
+    stored = window.stored_points
     if stored is not None:
-        start, end = from_ts or stored[0], to_ts or stored[1] + timedelta(minutes=1)
+        start, end = from_ts or stored.first, to_ts or stored.last + timedelta(minutes=1)
         metric_frames = metric_minute_frames(
-            store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end),
-            series_dimensions(store.read_series(), store.read_targets()),
+            window.points_between(start - POINTS_LEAD, end),
+            series_dimensions(window.series.lazy(), window.targets.lazy()),
             start=start,
             end=end,
         )
     inputs = ReportInputs(
-        requests=store.read_requests(from_ts=from_ts, to_ts=to_ts),
-        request_minutes=store.read_request_minutes(from_ts=from_ts, to_ts=to_ts),
-        slo_minutes=store.read_slo_minutes(from_ts=from_ts, to_ts=to_ts),
-        sli_report=build_sli_report(store, limits=limits, from_ts=from_ts, to_ts=to_ts),
+        requests=window.requests.lazy(),
+        request_minutes=window.request_minutes.lazy(),
+        slo_minutes=window.slo_minutes.lazy(),
+        sli_report=build_sli_report(window, limits=limits),
         kv_cache_usage=metric_frames.get("kv_cache_usage"),
         prefix_cache=metric_frames.get("prefix_cache"),
         scheduler_state=metric_frames.get("scheduler_state"),
@@ -68,11 +87,11 @@ def store_report(
         latency_percentiles=metric_frames.get("latency_percentiles"),
         findings=tuple(findings)
         if findings is not None
-        else health_findings(store, from_ts=from_ts, to_ts=to_ts, version_label=version_label),
+        else health_findings(window, version_label=version_label),
         **({} if record is None else record_views(record)),
     )
-    window = (from_ts, to_ts) if from_ts and to_ts else None
-    return build_report(inputs, window=window, limits=limits)
+    span = (from_ts, to_ts) if from_ts and to_ts else None
+    return build_report(inputs, window=span, limits=limits)
 
 
 def record_views(record: DecisionRecord) -> dict[str, Any]:

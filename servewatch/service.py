@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import polars as pl
@@ -34,7 +36,8 @@ from servewatch.capacity.requirement import load_requirement
 from servewatch.collectors.metric_ingest import MetricIngestReport
 from servewatch.collectors.otlp_receiver import OtlpHttpReceiver
 from servewatch.collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
-from servewatch.collectors.store_writer import StoreWriter, TraceCommit
+from servewatch.collectors.service_api import WINDOW_PATH
+from servewatch.collectors.store_writer import NotCommittedError, StoreWriter, TraceCommit
 from servewatch.collectors.targets import Target
 from servewatch.collectors.trace_ingest import Reject
 from servewatch.config import Config, ConfigError, load_config
@@ -42,6 +45,7 @@ from servewatch.dashboards.export import write_report
 from servewatch.health_service import evaluate_findings
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
+from servewatch.pipeline.window import WINDOW_MEDIA_TYPE, WindowQuery, window_to_bytes
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.scraping import (
@@ -54,12 +58,23 @@ from servewatch.scraping import (
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.spec import SloSpec
 from servewatch.slo_service import evaluate, load_specs
-from servewatch.store import Store, utc_now
+from servewatch.store import (
+    IN_MEMORY,
+    Holder,
+    Store,
+    StoreError,
+    remove_holder,
+    roll_up_request_minutes,
+    utc_now,
+    write_holder,
+)
 
 log = logging.getLogger("servewatch.run")
 JOB_DEFAULTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": 30}
 SCRAPE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 TARGETS_EVERY_S = 30.0
+# A window of a day of a big fleet is read in seconds; beyond this the API answers 503.
+WINDOW_TIMEOUT_S = 120.0
 
 
 class SelfMetrics:
@@ -249,6 +264,9 @@ class Service:
         at = now or utc_now()
 
         def run(store: Store) -> None:
+            # The service is the store's writer: it keeps the rollups current, and readers
+            # (the report, `servewatch sli` through the API) read them as they are.
+            roll_up_request_minutes(store)
             if specs:
                 result = evaluate(store, specs=specs, at=at, notifier=notifier)
                 if result.notification_error:
@@ -280,6 +298,7 @@ class Service:
             return
 
         def export(store: Store) -> None:
+            roll_up_request_minutes(store)
             files = write_report(store_report(store, limits=GoodputLimits()), out, images=False)
             log.info("report written to %s", files.html)
 
@@ -293,6 +312,7 @@ class Service:
         at = now or utc_now()
 
         def decide(store: Store) -> None:
+            roll_up_request_minutes(store)
             with process_map() as mapper:
                 record, _ = recommend_from_store(store, requirement=requirement, mapper=mapper)
             store.write_recommendation(
@@ -350,7 +370,19 @@ class Service:
                 minute=int(minute),
             )
         self.scheduler.start()
-        self._health_server = serve_health(self.metrics, self.target_health, port=health_port)
+        self._health_server = serve_health(
+            self.metrics, self.target_health, port=health_port, read_window=self.read_window
+        )
+        port = self._health_server.server_address[1]
+        if self.store.path != IN_MEMORY:
+            # Readers of the store find the service, and where it answers, by this note.
+            holder = Holder(os.getpid(), "servewatch run", api_url=f"http://127.0.0.1:{port}")
+            write_holder(self.store.path, holder)
+
+    def read_window(self, query: WindowQuery) -> bytes:
+        """A store window for the local API, read on the writer's thread between writes."""
+        window = self.writer.call(lambda store: store.read_query(query), timeout_s=WINDOW_TIMEOUT_S)
+        return window_to_bytes(window)
 
     def stop(self) -> None:
         """Finish the running jobs, flush every pending write, close everything."""
@@ -360,6 +392,8 @@ class Service:
         self.pages.close()
         self.receiver.stop()
         if self._health_server is not None:
+            if self.store.path != IN_MEMORY:
+                remove_holder(self.store.path, pid=os.getpid())
             self._health_server.shutdown()
             self._health_server.server_close()
         self.writer.close()
@@ -374,13 +408,25 @@ class Service:
             self.stop()
 
 
-def serve_health(metrics: SelfMetrics, health: TargetHealth, *, port: int) -> ThreadingHTTPServer:
+def serve_health(
+    metrics: SelfMetrics,
+    health: TargetHealth,
+    *,
+    port: int,
+    read_window: Callable[[WindowQuery], bytes] | None = None,
+) -> ThreadingHTTPServer:
     """/metrics (the self-metrics) and /healthz on 127.0.0.1: 200 "ok", 200 "degraded: ..."
-    while some targets are failing, 503 "no target answered: ..." while all are."""
+    while some targets are failing, 503 "no target answered: ..." while all are. With
+    `read_window`, also the local API's `/api/v1/window` (a store window, for readers of the
+    store while the service holds it)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             status = 200
+            url = urlsplit(self.path)
+            if url.path == WINDOW_PATH and read_window is not None:
+                self._window(read_window, dict(parse_qsl(url.query, keep_blank_values=True)))
+                return
             if self.path == "/healthz":
                 answer = health.answer()
                 status = 200 if answer.ok else 503
@@ -390,6 +436,26 @@ def serve_health(metrics: SelfMetrics, health: TargetHealth, *, port: int) -> Th
             else:
                 self.send_error(404)
                 return
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _window(self, read: Callable[[WindowQuery], bytes], params: dict[str, str]) -> None:
+            try:
+                query = WindowQuery.from_params(params)
+            except ValueError as exc:
+                self._answer(400, f"{WINDOW_PATH}: {exc}\n".encode(), "text/plain; charset=utf-8")
+                return
+            try:
+                body = read(query)
+            except (StoreError, TimeoutError, NotCommittedError) as exc:
+                self._answer(503, f"{WINDOW_PATH}: {exc}\n".encode(), "text/plain; charset=utf-8")
+                return
+            self._answer(200, body, WINDOW_MEDIA_TYPE)
+
+        def _answer(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))

@@ -1,8 +1,10 @@
-"""SLO evaluation over the store: minute counts brought up to date, then status and alerts.
+"""SLO evaluation over the store: per-minute good and total counts, then status and alerts.
 
-Trace-counted SLOs read the incremental `slo_minutes` rollup; metric-counted ones are counted
-from the stored series over the SLO period. Both are the same per-minute good/total shape, so
-budgets and burn rates come out exact either way.
+Trace-counted SLOs read the incremental `slo_minutes` rollup, which the writers keep current
+(`evaluate`, the service, ingest); a reader (`slo status`) whose SLOs the rollup does not hold,
+or that finds requests stored since it last ran, counts them from the raw requests instead, as
+the rollup would. Metric-counted SLOs are counted from the stored series over the SLO period.
+Both are the same per-minute good/total shape, so budgets and burn rates come out exact.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import polars as pl
 
 from servewatch.pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
 from servewatch.pipeline.metric_sli import series_dimensions
-from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
 from servewatch.slo.alert_state import TableAlertStateStore, changes_from_frame
 from servewatch.slo.alerting import Evaluation, step
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
@@ -25,6 +27,7 @@ from servewatch.slo.spec import SloSpec
 from servewatch.slo.status import SloStatus, slo_status
 from servewatch.store import Store
 from servewatch.store.rollup_job import roll_up_requests
+from servewatch.store.rollups import criteria_fingerprint
 
 
 class SloSetupError(ValueError):
@@ -57,12 +60,22 @@ def _criteria(specs: Sequence[SloSpec]) -> tuple[list[EventCriterion], list[Metr
 
 
 def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> pl.LazyFrame:
-    """Per-minute good/total of every SLO over the longest period ending at `at`."""
+    """Per-minute good/total of every SLO over the longest period ending at `at`; reads only."""
     traces, metrics = _criteria(specs)
-    roll_up_requests(store, criteria=traces)
     start = at - timedelta(seconds=max(s.period_s for s in specs))
     end = at + timedelta(minutes=1)
-    frames = [store.read_slo_minutes(from_ts=start, to_ts=end)]
+    if not traces or store.rollup_is_current(
+        "slo_minutes", fingerprint=criteria_fingerprint(traces)
+    ):
+        frames = [store.read_slo_minutes(from_ts=start, to_ts=end)]
+    else:
+        # Whole minutes, as the rollup keeps them: a request belongs to the minute it ended in.
+        requests = store.read_requests(from_ts=start.replace(second=0, microsecond=0), to_ts=end)
+        frames = [
+            slo_minutes(requests, criteria=traces).filter(
+                (pl.col("minute_ts") >= start) & (pl.col("minute_ts") < end)
+            )
+        ]
     if metrics:
         dimensions = series_dimensions(store.read_series(), store.read_targets())
         points = store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)
@@ -81,7 +94,9 @@ def status_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> tuple[
 def evaluate(
     store: Store, *, specs: Sequence[SloSpec], at: datetime, notifier: Notifier | None
 ) -> Evaluation:
-    """One scheduled evaluation: state changes recorded in `alerts`, the notifier told."""
+    """One scheduled evaluation: the rollups brought up to date, state changes recorded in
+    `alerts`, the notifier told."""
+    roll_up_requests(store, criteria=_criteria(specs)[0])
     minutes = slo_minutes_at(store, specs=specs, at=at)
     # Finding alerts share the table; this state machine must not resolve them.
     states = AlertStateView(TableAlertStateStore(store), keep=is_slo_alert)

@@ -10,12 +10,14 @@ from servewatch.store.compaction import CompactionReport
 from servewatch.store.connection import Clock, utc_now
 from servewatch.store.errors import (
     SchemaTooNewError,
+    StoreBusyError,
     StoreDamagedError,
     StoreError,
     StoreMissingError,
     StorePathError,
     damage_error,
 )
+from servewatch.store.holder import Holder, read_holder, remove_holder, write_holder
 from servewatch.store.rollup_job import (
     RollupReport,
     roll_up_request_minutes,
@@ -30,17 +32,22 @@ __all__ = [
     "Clock",
     "CompactionReport",
     "GoodEventLimits",
+    "Holder",
     "MinuteRollupSwap",
     "RollupReport",
     "SchemaTooNewError",
     "Store",
+    "StoreBusyError",
     "StoreDamagedError",
     "StoreError",
     "StoreMissingError",
     "StorePathError",
     "damage_error",
+    "read_holder",
+    "remove_holder",
     "roll_up_request_minutes",
     "roll_up_requests",
     "roll_up_slo_minutes",
     "utc_now",
+    "write_holder",
 ]

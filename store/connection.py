@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -27,6 +28,9 @@ class StoreBase:
         self.path = path
         self._clock = clock
         self._written = WrittenKeys()
+        self.reads: Counter[str] = Counter()
+        """How often each table's rows were read through this connection (a table read once
+        per window is what `read_window` promises, and the tests count)."""
 
     def now(self) -> datetime:
         """The store's clock (naive UTC), injected at open for tests."""
@@ -51,6 +55,7 @@ class StoreBase:
         rows = self._con.execute(sql).fetchall()
         return int(rows[0][0])
 
-    def _read(self, sql: str, params: list[datetime] | None = None) -> pl.LazyFrame:
+    def _read(self, sql: str, params: list[datetime] | None = None, *, table: str) -> pl.LazyFrame:
+        self.reads[table] += 1
         frame: pl.DataFrame = self._con.sql(sql, params=params or []).pl()
         return frame.lazy()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import duckdb
 
+from servewatch.store.holder import Holder
+
 
 class StoreError(Exception):
     """The store file cannot be used as asked."""
@@ -21,6 +23,15 @@ class StorePathError(StoreError):
 
 class StoreMissingError(StorePathError):
     """No store at the path, and the caller asked not to create one."""
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the store file (DuckDB lets one process write, or several read);
+    `holder` says which, and where its API answers, when it left a note."""
+
+    def __init__(self, message: str, *, holder: Holder | None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class StoreDamagedError(StoreError):

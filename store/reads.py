@@ -28,20 +28,22 @@ class Reads(StoreBase):
         """Requests that finished in [from_ts, to_ts) (naive UTC), oldest first."""
         clauses, params = window_clauses("end_ts", from_ts, to_ts)
         sql = f"SELECT {column_list(REQUESTS_SCHEMA)} FROM requests{clauses} ORDER BY end_ts"
-        return self._read(sql, params)
+        return self._read(sql, params, table="requests")
 
     def read_targets(self) -> pl.LazyFrame:
-        return self._read(f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id")
+        sql = f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id"
+        return self._read(sql, table="targets")
 
     def read_scrapes(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
     ) -> pl.LazyFrame:
         clauses, params = window_clauses("ts", from_ts, to_ts)
         sql = f"SELECT {column_list(SCRAPES_SCHEMA)} FROM scrapes{clauses} ORDER BY target_id, ts"
-        return self._read(sql, params)
+        return self._read(sql, params, table="scrapes")
 
     def read_series(self) -> pl.LazyFrame:
-        return self._read(f"SELECT {column_list(SERIES_SCHEMA)} FROM series ORDER BY series_id")
+        sql = f"SELECT {column_list(SERIES_SCHEMA)} FROM series ORDER BY series_id"
+        return self._read(sql, table="series")
 
     def read_points(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
@@ -68,7 +70,7 @@ class Reads(StoreBase):
             SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head{clauses}
             ORDER BY series_id, ts
         """
-        return self._read(sql, params + params)
+        return self._read(sql, params + params, table="points")
 
     def points_range(self) -> tuple[datetime, datetime] | None:
         """First and last sample time stored, or None without points."""
@@ -79,10 +81,30 @@ class Reads(StoreBase):
         first, last = rows[0]
         return None if first is None else (first, last)
 
+    def requests_range(self) -> tuple[datetime, datetime] | None:
+        """First and last completion time stored, or None without requests."""
+        rows = self._con.execute("SELECT min(end_ts), max(end_ts) FROM requests").fetchall()
+        first, last = rows[0]
+        return None if first is None else (first, last)
+
+    def request_minute_span(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> tuple[datetime, datetime] | None:
+        """First and last minute (of completion) with requests among the minutes in
+        [from_ts, to_ts): the minutes `request_minutes` holds there once rolled up."""
+        minute = "date_trunc('minute', end_ts)"
+        clauses, params = window_clauses(minute, from_ts, to_ts)
+        rows = self._con.execute(
+            f"SELECT min({minute}), max({minute}) FROM requests{clauses}", params
+        ).fetchall()
+        first, last = rows[0]
+        return None if first is None else (first, last)
+
     def read_unknown_families(self) -> pl.LazyFrame:
         return self._read(
             f"SELECT {column_list(UNKNOWN_FAMILIES_SCHEMA)} FROM unknown_families "
-            "ORDER BY target_id, family"
+            "ORDER BY target_id, family",
+            table="unknown_families",
         )
 
     def read_request_minutes(
@@ -93,6 +115,7 @@ class Reads(StoreBase):
             f"SELECT {column_list(REQUEST_MINUTES_SCHEMA)} FROM request_minutes{clauses} "
             "ORDER BY minute_ts, replica",
             params,
+            table="request_minutes",
         )
 
     def read_slo_minutes(
@@ -103,4 +126,5 @@ class Reads(StoreBase):
             f"SELECT {column_list(SLO_MINUTES_SCHEMA)} FROM slo_minutes{clauses} "
             "ORDER BY slo, minute_ts, replica",
             params,
+            table="slo_minutes",
         )

@@ -23,7 +23,8 @@ class Results(StoreBase):
 
     def read_alert_changes(self) -> pl.LazyFrame:
         return self._read(
-            f"SELECT {column_list(ALERTS_SCHEMA)} FROM alerts ORDER BY changed_ts, slo"
+            f"SELECT {column_list(ALERTS_SCHEMA)} FROM alerts ORDER BY changed_ts, slo",
+            table="alerts",
         )
 
     def write_recommendation(self, frame: pl.DataFrame) -> int:
@@ -31,7 +32,9 @@ class Results(StoreBase):
 
     def read_recommendations(self) -> pl.LazyFrame:
         return self._read(
-            f"SELECT {column_list(RECOMMENDATIONS_SCHEMA)} FROM recommendations ORDER BY created_ts"
+            f"SELECT {column_list(RECOMMENDATIONS_SCHEMA)} FROM recommendations "
+            "ORDER BY created_ts",
+            table="recommendations",
         )
 
     def write_ingest_errors(self, frame: pl.DataFrame) -> int:
@@ -40,7 +43,7 @@ class Results(StoreBase):
 
     def read_ingest_errors(self) -> pl.LazyFrame:
         sql = f"SELECT {column_list(INGEST_ERRORS_SCHEMA)} FROM ingest_errors ORDER BY source"
-        return self._read(sql)
+        return self._read(sql, table="ingest_errors")
 
     def _insert_new(self, table: str, frame: pl.DataFrame, schema: pl.Schema) -> int:
         check_schema(table, frame, schema)

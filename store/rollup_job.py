@@ -9,13 +9,16 @@ aggregation runs in the store (DuckDB), as `pipeline.request_minutes` defines it
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from servewatch.pipeline.request_minutes import EventCriterion
-from servewatch.store.rollups import MinuteRollupSwap
+from servewatch.store.rollups import (
+    REQUEST_MINUTES_VERSION,
+    MinuteRollupSwap,
+    criteria_fingerprint,
+)
 from servewatch.store.store import Store
 
 
@@ -25,15 +28,6 @@ class RollupReport:
     requests: int
     full: bool
     watermark_ts: datetime | None
-
-
-# Bump when request_minutes' computation changes, so stored minutes are recomputed once.
-REQUEST_MINUTES_VERSION = "request_minutes/1"
-
-
-def criteria_fingerprint(criteria: Sequence[EventCriterion]) -> str:
-    text = "|".join(sorted(repr(c) for c in criteria))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # Recomputes the given minutes (all when None) and swaps them in with a watermark and a

@@ -4,6 +4,7 @@ swapped in with their watermark in one transaction.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,16 @@ class GoodEventLimits(Protocol):
     def e2e_limit_s(self) -> float | None: ...
 
 
+# Bump when request_minutes' computation changes, so stored minutes are recomputed once.
+REQUEST_MINUTES_VERSION = "request_minutes/1"
+
+
+def criteria_fingerprint(criteria: Sequence[GoodEventLimits]) -> str:
+    """What `slo_minutes` was rolled up for: a change of criteria recomputes it."""
+    text = "|".join(sorted(repr(c) for c in criteria))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 _ROLLUP_SCHEMAS = {"request_minutes": REQUEST_MINUTES_SCHEMA, "slo_minutes": SLO_MINUTES_SCHEMA}
 
 
@@ -66,6 +77,19 @@ class MinuteRollups(StoreBase):
         ).fetchall()
         return (rows[0][0], rows[0][1]) if rows else (None, None)
 
+    def rollup_is_current(self, table: str, *, fingerprint: str) -> bool:
+        """Whether the rollup holds every stored request, computed as `fingerprint` says:
+        its last run had that fingerprint and no request was stored since."""
+        watermark_ts, stored = self.watermark(table)
+        if stored != fingerprint and watermark_ts is not None:
+            return False
+        since = "" if watermark_ts is None else " WHERE ingested_ts >= ?"
+        rows = self._con.execute(
+            f"SELECT EXISTS (SELECT 1 FROM requests{since})",
+            [] if watermark_ts is None else [watermark_ts],
+        ).fetchall()
+        return not rows[0][0]
+
     def minutes_ingested_since(self, since_ts: datetime | None) -> list[datetime]:
         """Minutes (of completion) touched by requests ingested at or after `since_ts` (all
         minutes when None)."""
@@ -84,7 +108,8 @@ class MinuteRollups(StoreBase):
             return self._read(
                 f"SELECT {column_list(REQUESTS_SCHEMA)} FROM requests "
                 "WHERE date_trunc('minute', end_ts) IN (SELECT m FROM wanted_minutes) "
-                "ORDER BY end_ts"
+                "ORDER BY end_ts",
+                table="requests",
             )
         finally:
             self._con.unregister("wanted_minutes")

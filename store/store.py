@@ -20,17 +20,18 @@ from servewatch.store.errors import (
     DAMAGED_ADVICE,
     FILE_HEADER_BYTES,
     SchemaTooNewError,
+    StoreBusyError,
     StoreDamagedError,
     StoreError,
     check_location,
     damage_error,
 )
+from servewatch.store.holder import read_holder
 from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
 from servewatch.store.points import PointWrites
-from servewatch.store.reads import Reads
 from servewatch.store.requests import RequestWrites
 from servewatch.store.results import Results
-from servewatch.store.rollups import MinuteRollups
+from servewatch.store.window import WindowReads
 
 IN_MEMORY = ":memory:"
 
@@ -38,43 +39,63 @@ IN_MEMORY = ":memory:"
 CHECKPOINT_THRESHOLD = "64MB"
 
 
-class Store(Reads, Results, MinuteRollups, RequestWrites, PointWrites):
+class Store(WindowReads, Results, RequestWrites, PointWrites):
     """An open store file. Use as a context manager, or call `close()`."""
 
+    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:
+        super().__init__(connection, path, clock)
+        self.read_only = False
+
     @classmethod
-    def open(cls, path: Path | str, *, create: bool = True, clock: Clock = utc_now) -> Self:
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        clock: Clock = utc_now,
+    ) -> Self:
         """Open the store at `path` and migrate it to the latest schema. A missing store is
         created with its folders, unless `create` is false (StoreMissingError then); a path
-        that cannot be a file raises StorePathError, a damaged file StoreDamagedError."""
+        that cannot be a file raises StorePathError, a damaged file StoreDamagedError, a file
+        another process holds StoreBusyError.
+
+        `read_only` opens an existing store for reading only: nothing is migrated or written,
+        and several readers may share the file (but not with a writer). A store whose schema
+        is older than this servewatch's is refused then: a writing command migrates it."""
         location = str(path)
+        if read_only and location == IN_MEMORY:
+            raise StoreError("an in-memory store cannot be opened read-only: it starts empty")
         logged = False
         if location != IN_MEMORY:
-            check_location(Path(location), create=create)
+            check_location(Path(location), create=create and not read_only)
             logged = Path(f"{location}.wal").exists()
         try:
-            connection = duckdb.connect(location)
+            connection = duckdb.connect(location, read_only=read_only)
         except duckdb.Error as exc:
             if "lock" in str(exc).lower():
-                raise StoreError(
-                    f"store {location} is in use by another process (one process writes a "
-                    f"store; is a `servewatch run` using it?): {exc}"
-                ) from exc
+                raise _busy(location, exc) from exc
             damaged = damage_error(location, exc)
             if damaged is not None:
                 raise damaged from exc
             raise StoreError(f"cannot open store {location}: {exc}") from exc
         store = cls(connection, location, clock)
+        store.read_only = read_only
         try:
             if location != IN_MEMORY and not logged:
                 store._check_length()
             store._use_allowed_cpus()
-            # DuckDB checkpoints (moves the write-ahead log into the file) once the log passes
-            # 16 MB by default: about every 40,000 stored spans or a few seconds of scrapes, and
-            # each checkpoint rewrites the row groups the log touched. A larger log is replayed
-            # at the next open after a crash (a second or so), and halves that rework: 11 % more
-            # spans stored per second on a million spans. Closing the store still checkpoints.
-            connection.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
-            store._migrate(now=clock())
+            if read_only:
+                store._check_readable_version()
+            else:
+                # DuckDB checkpoints (moves the write-ahead log into the file) once the log
+                # passes 16 MB by default: about every 40,000 stored spans or a few seconds of
+                # scrapes, and each checkpoint rewrites the row groups the log touched. A larger
+                # log is replayed at the next open after a crash (a second or so), and halves
+                # that rework: 11 % more spans stored per second on a million spans. Closing
+                # the store still checkpoints.
+                connection.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+                store._migrate(now=clock())
         except duckdb.Error as exc:
             connection.close()
             damaged = damage_error(location, exc)
@@ -85,6 +106,23 @@ class Store(Reads, Results, MinuteRollups, RequestWrites, PointWrites):
             connection.close()
             raise
         return store
+
+    def _check_readable_version(self) -> None:
+        known = self._scalar(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_version'"
+        )
+        current = self.schema_version if known else 0
+        if current > LATEST_VERSION:
+            raise SchemaTooNewError(
+                f"store {self.path} has schema version {current}, but this servewatch knows "
+                f"versions up to {LATEST_VERSION}: upgrade servewatch, or pass another --db"
+            )
+        if current < LATEST_VERSION:
+            raise StoreError(
+                f"store {self.path} has schema version {current} and this servewatch reads "
+                f"version {LATEST_VERSION}; a writing command (`servewatch ingest`, `replay` "
+                "or `run`) migrates it"
+            )
 
     def _check_length(self) -> None:
         """Refuse a file shorter than the blocks its header counts (a copy or disk cut short):
@@ -165,3 +203,19 @@ class Store(Reads, Results, MinuteRollups, RequestWrites, PointWrites):
                     f"migration {migration.version} ({migration.description}) failed on "
                     f"{self.path}: {exc}"
                 ) from exc
+
+
+def _busy(location: str, exc: duckdb.Error) -> StoreBusyError:
+    holder = None if location == IN_MEMORY else read_holder(location)
+    if holder is None:
+        return StoreBusyError(
+            f"store {location} is in use by another process (one process writes a store, or "
+            f"several read it; is a `servewatch run` using it?): {exc}",
+            holder=None,
+        )
+    where = f", its API at {holder.api_url}" if holder.api_url else ""
+    return StoreBusyError(
+        f"store {location} is held by `{holder.command}` (PID {holder.pid}{where}): one "
+        "process writes a store; stop it, or ask it",
+        holder=holder,
+    )

@@ -26,7 +26,7 @@ from servewatch.emulator.workload import (
     WorkloadSpec,
 )
 from servewatch.health.finding import HealthInputs
-from servewatch.health_service import read_health_inputs
+from servewatch.health_service import health_inputs
 from servewatch.store import Store
 
 START_S = 1_795_046_400.0  # 2026-11-19 00:00 UTC
@@ -101,4 +101,5 @@ def recorded_inputs(config: FleetConfig, folder: Path, *, minutes: float) -> Hea
     record(config, folder, minutes=minutes)
     with Store.open(":memory:") as store:
         replay_fixture(folder, store=store)
-        return read_health_inputs(store, start=START, end=START + timedelta(minutes=minutes))
+        end = START + timedelta(minutes=minutes)
+        return health_inputs(store.read_window(from_ts=START, to_ts=end), start=START, end=end)

@@ -37,7 +37,7 @@ from servewatch.dashboards.report_page import PageChart, render_page, script_jso
 from servewatch.dashboards.token_throughput import token_throughput_chart
 from servewatch.dashboards.tornado import tornado_chart
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.sli_report import build_sli_report
+from servewatch.pipeline.sli_report import build_sli_report
 from servewatch.store import Store
 from tests.conftest import FIXTURES
 
@@ -443,7 +443,7 @@ def test_report_from_a_store_of_ingested_spans(store: Store) -> None:
     report = build_report(
         ReportInputs(
             requests=store.read_requests(),
-            sli_report=build_sli_report(store, limits=limits),
+            sli_report=build_sli_report(store.read_window(), limits=limits),
         ),
         limits=limits,
     )

@@ -247,7 +247,11 @@ def assert_same(oracle: Oracle, got: Collect) -> None:
 
 def workloads(*, conversations: bool) -> st.SearchStrategy[list[RequestSpec]]:
     row = st.tuples(
-        st.floats(min_value=0.0, max_value=0.4),  # gap to the previous arrival
+        # Gap to the previous arrival, off the 0.1 ms grid that step boundaries lie on: an
+        # arrival exactly on a boundary is a tie that float sums break either way (the engine
+        # multiplies from a run's start, the reference adds step by step), so it has its own
+        # test below; here such ties would only compare rounding.
+        st.floats(min_value=0.0, max_value=0.4).map(lambda gap: gap + 3.7e-7),
         st.integers(min_value=1, max_value=300),  # prompt (or new message) tokens
         st.integers(min_value=1, max_value=60),  # output tokens
         st.integers(min_value=0, max_value=3),  # conversation number

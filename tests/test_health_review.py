@@ -30,7 +30,7 @@ from servewatch.health.rollout_comparison import RolloutComparison
 from servewatch.health_service import (
     evaluate_findings,
     health_findings,
-    read_health_inputs,
+    health_inputs,
 )
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.report_service import store_report
@@ -104,7 +104,11 @@ def zone_loss_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _findings(db: Path, **options: object) -> tuple[Finding, ...]:
     with Store.open(db) as store:
-        return health_findings(store, **options)  # type: ignore[arg-type]
+        window = store.read_window(
+            from_ts=options.pop("from_ts", None),  # type: ignore[arg-type]
+            to_ts=options.pop("to_ts", None),  # type: ignore[arg-type]
+        )
+        return health_findings(window, **options)  # type: ignore[arg-type]
 
 
 def _of(findings: tuple[Finding, ...], kind: FindingKind) -> list[Finding]:
@@ -138,7 +142,7 @@ def test_a_regressing_version_on_part_of_the_fleet_is_attributed_to_it(rollout_d
 
 def test_without_traces_the_histograms_find_the_same_version(rollout_db: Path) -> None:
     with Store.open(rollout_db) as store:
-        inputs = read_health_inputs(store, start=START, end=END)
+        inputs = health_inputs(store.read_window(from_ts=START, to_ts=END), start=START, end=END)
     untraced = replace(inputs, requests=inputs.requests.clear())
     (finding,) = RolloutComparison().detect(untraced)
     assert (finding.scope_unit, finding.scope) == (ScopeUnit.VERSION, V2)
@@ -175,7 +179,7 @@ def test_a_lost_zone_is_one_zone_finding_not_one_per_host(zone_loss_db: Path) ->
 
 def test_replicas_without_zone_and_a_single_zone_pool_are_flagged(clean_db: Path) -> None:
     with Store.open(clean_db) as store:
-        inputs = read_health_inputs(store, start=START, end=END)
+        inputs = health_inputs(store.read_window(from_ts=START, to_ts=END), start=START, end=END)
     unzoned = ("vllm-0", "vllm-1")
     targets = inputs.targets.with_columns(
         zone=pl.when(pl.col("replica").is_in(unzoned)).then(None).otherwise(pl.col("zone"))

@@ -3,6 +3,7 @@ real OTLP exports, one writer per store, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,7 +17,9 @@ import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
+from typer.testing import CliRunner
 
+from servewatch.cli import app
 from servewatch.collectors.scraper import ScrapeResult
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.collectors.trace_ingest import ingest_trace_files
@@ -111,7 +114,10 @@ listen = "127.0.0.1:{otlp_port}"
             check=False,
         )
         assert second.returncode == 1
-        assert "in use by another process" in " ".join(second.stderr.split())
+        # The service left a note: the refusal names it and where its API answers.
+        said = " ".join(second.stderr.split())
+        assert "is held by `servewatch run`" in said, said
+        assert f"its API at http://127.0.0.1:{health_port}" in said, said
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
@@ -120,6 +126,58 @@ listen = "127.0.0.1:{otlp_port}"
         assert store.count("requests") == 20
         assert store.count("scrapes") >= 1
         assert store.count("points") > 0
+
+
+@pytest.mark.slow
+def test_reading_commands_answer_while_run_holds_the_store(
+    tmp_path: Path, runner: CliRunner
+) -> None:
+    db = tmp_path / "fleet.duckdb"
+    spans = str(FIXTURES / "vllm_spans_small" / "spans.jsonl")
+    assert runner.invoke(app, ["--db", str(db), "ingest", "traces", spans]).exit_code == 0
+    sli = ["--db", str(db), "sli", "--json", "--ttft-ms", "500", "--window", "5m"]
+    alone = runner.invoke(app, sli)
+    assert alone.exit_code == 0, alone.output
+    health_port = free_port()
+    config = tmp_path / "servewatch.toml"
+    config.write_text(f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\n', encoding="utf-8")
+    process = subprocess.Popen(
+        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        text=True,
+    )
+    try:
+        api = f"http://127.0.0.1:{health_port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{api}/metrics", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        poll(up, deadline_s=30, what="the service's API")
+        held = runner.invoke(app, sli)
+        assert held.exit_code == 0, held.output
+        assert f"reading it through {api}" in " ".join(held.stderr.split())
+        assert json.loads(held.stdout) == json.loads(alone.stdout)
+        out = tmp_path / "report"
+        report = runner.invoke(
+            app, ["--db", str(db), "report", "--out", str(out), "--no-images", "--json"]
+        )
+        assert report.exit_code == 0, report.output
+        assert (out / "report.html").is_file()
+        health = runner.invoke(app, ["--db", str(db), "health", "--json"])
+        assert health.exit_code == 0, health.output
+        bad = httpx.get(f"{api}/api/v1/window", params={"from": "soon"}, timeout=5)
+        assert bad.status_code == 400
+        assert "from: 'soon' is not an ISO 8601 time" in bad.text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert not Path(f"{db}.holder.json").exists()  # the note goes with the service
 
 
 def service_config(tmp_path: Path, *, interval_s: float = 15) -> Path:

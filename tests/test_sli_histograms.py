@@ -17,7 +17,7 @@ from servewatch.collectors.metric_ingest import Page, ingest_pages
 from servewatch.collectors.targets import Target, TargetKind
 from servewatch.pipeline.promql import histogram_quantile, increase
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.sli_report import Grouping, SliSource, build_sli_report
+from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report, points_window
 from servewatch.store import Store
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
@@ -238,7 +238,10 @@ def test_histogram_slis_per_group_match_promql_by_hand(scraped: Path, by: Groupi
     start, end = T0 + timedelta(seconds=5), T0 + timedelta(seconds=115)
     with Store.open(scraped) as store:
         report = build_sli_report(
-            store, limits=LIMITS, from_ts=start, to_ts=end, by=by, source=SliSource.HISTOGRAMS
+            store.read_window(from_ts=start, to_ts=end),
+            limits=LIMITS,
+            by=by,
+            source=SliSource.HISTOGRAMS,
         )
         oracle = Oracle(store)
     section = report["histograms"]
@@ -253,13 +256,15 @@ def test_histogram_slis_per_group_match_promql_by_hand(scraped: Path, by: Groupi
 
 def test_consecutive_windows_each_evaluated_at_their_end(scraped: Path) -> None:
     with Store.open(scraped) as store:
+        step = timedelta(minutes=1)
+        window = store.read_window(
+            from_ts=T0, to_ts=T0 + timedelta(seconds=120), **points_window(step)
+        )
         report = build_sli_report(
-            store,
+            window,
             limits=LIMITS,
-            from_ts=T0,
-            to_ts=T0 + timedelta(seconds=120),
             by=Grouping.FLEET,
-            step=timedelta(minutes=1),
+            step=step,
             source=SliSource.BOTH,
         )
         oracle = Oracle(store)
@@ -315,5 +320,5 @@ def test_sli_json_shape_and_table(scraped: Path) -> None:
 
 def test_traces_only_leaves_histograms_out(scraped: Path) -> None:
     with Store.open(scraped) as store:
-        report = build_sli_report(store, limits=LIMITS, source=SliSource.TRACES)
+        report = build_sli_report(store.read_window(), limits=LIMITS, source=SliSource.TRACES)
     assert "histograms" not in report

@@ -40,7 +40,7 @@ def spans(n: int, *, seed: int = 3) -> pl.DataFrame:
 
 
 def stored(store: Store) -> pl.DataFrame:
-    return store._read("SELECT * FROM requests ORDER BY rowid").collect()
+    return store._read("SELECT * FROM requests ORDER BY rowid", table="requests").collect()
 
 
 def test_repeats_within_one_frame_are_stored_once_and_the_first_is_kept() -> None:
@@ -137,7 +137,7 @@ def test_migration_8_keeps_the_rows_in_order_and_drops_the_key(tmp_path: Path) -
     with Store.open(path) as store:
         assert store.schema_version == LATEST_VERSION >= 8
         assert store.table_schema("requests") == REQUESTS_SCHEMA
-        as_stored = store._read("SELECT * FROM requests").collect()
+        as_stored = store._read("SELECT * FROM requests", table="requests").collect()
         assert as_stored.equals(rows)
         assert store._scalar(key + "constraint_type = 'PRIMARY KEY'") == 0
         assert store.write_requests(rows.slice(10, 20)) == 0

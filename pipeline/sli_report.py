@@ -1,7 +1,10 @@
 """The SLI report: SLIs per group (replica, pool, model) and for the fleet, as one JSON-ready
 document, optionally with a series of consecutive windows, from either source or both: traced
 requests (exact per-request percentiles, attainment, goodput) and scraped vLLM/DCGM series
-(histogram quantiles as PromQL computes them, engine state, token throughput, GPU signals)."""
+(histogram quantiles as PromQL computes them, engine state, token throughput, GPU signals).
+
+A pure function of a store window (`pipeline.window.Window`): the caller reads the window, from
+the store or the service holding it (`points_window` says which points it needs)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ from typing import Any
 
 import polars as pl
 
-from servewatch.instants import format_instant
 from servewatch.pipeline.cross_check import cross_check
+from servewatch.pipeline.instants import format_instant
 from servewatch.pipeline.metric_sli import (
     COUNTERS,
     GAUGES,
@@ -29,7 +32,7 @@ from servewatch.pipeline.metric_sli import (
 )
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from servewatch.pipeline.signals import Signal
-from servewatch.store import Store
+from servewatch.pipeline.window import POINTS_LEAD, Window
 
 COUNT_FIELDS = (
     "requests",
@@ -87,26 +90,33 @@ def _groups(frame: pl.DataFrame, column: str | None) -> list[dict[str, Any]]:
     return [{column: row[column], **_row_to_json(row)} for row in frame.iter_rows(named=True)]
 
 
+def points_window(step: timedelta | None) -> dict[str, timedelta]:
+    """How far around the report's window its points reach (`Store.read_window`'s
+    `points_before` and `points_after`): the stepped cross-check reads a step before the
+    first window and two after the last."""
+    if step is None:
+        return {"points_before": POINTS_LEAD, "points_after": timedelta()}
+    return {"points_before": max(POINTS_LEAD, step), "points_after": 2 * step}
+
+
 def build_sli_report(
-    store: Store,
+    window: Window,
     *,
     limits: GoodputLimits,
-    from_ts: datetime | None = None,
-    to_ts: datetime | None = None,
     by: Grouping = Grouping.REPLICA,
     step: timedelta | None = None,
     source: SliSource = SliSource.TRACES,
 ) -> dict[str, Any]:
-    """The SLI report of `source`: the trace keys (`limits`, `overall`, `groups`, `series`,
-    `cross_check`) when it includes traces, and `histograms` when it includes histograms and
-    the store holds scraped points in the window (see `histogram_section`).
-    `window` and `by` describe the request selection; `source` says what was asked for.
+    """The SLI report of `source` over the window: the trace keys (`limits`, `overall`,
+    `groups`, `series`, `cross_check`) when it includes traces, and `histograms` when it
+    includes histograms and the store holds scraped points in the window (see
+    `histogram_section`). `window` and `by` describe the request selection; `source` says
+    what was asked for.
     """
+    from_ts, to_ts = window.from_ts, window.to_ts
     report: dict[str, Any] = {"source": source.value, "by": by.value}
     if source.traces:
-        report |= trace_section(
-            store, limits=limits, from_ts=from_ts, to_ts=to_ts, by=by, step=step
-        )
+        report |= trace_section(window, limits=limits, by=by, step=step)
     else:
         report["window"] = {
             "from": format_instant(from_ts),
@@ -114,35 +124,37 @@ def build_sli_report(
             "window_s": (to_ts - from_ts).total_seconds() if from_ts and to_ts else None,
         }
     if source.histograms:
-        section = histogram_section(store, from_ts=from_ts, to_ts=to_ts, by=by, step=step)
+        section = histogram_section(window, by=by, step=step)
         if section is not None:
             report["histograms"] = section
     return report
 
 
 def trace_section(
-    store: Store,
+    window: Window,
     *,
     limits: GoodputLimits,
-    from_ts: datetime | None = None,
-    to_ts: datetime | None = None,
     by: Grouping = Grouping.REPLICA,
     step: timedelta | None = None,
 ) -> dict[str, Any]:
-    """SLIs of requests that finished in [from_ts, to_ts), per group and for the fleet.
+    """SLIs of requests that finished in the window [from_ts, to_ts), per group and for the
+    fleet.
 
     The window length for rates is to_ts - from_ts when both are given, else the span from
     the first arrival to the last completion of the selected requests. With `step`, the report
     also holds a series of consecutive windows of that length (aligned to from_ts, or to the
     first completion rounded down to the step), each with its own overall and group rows.
     """
+    from_ts, to_ts = window.from_ts, window.to_ts
     window_s = (to_ts - from_ts).total_seconds() if from_ts and to_ts else None
-    requests = store.read_requests(from_ts=from_ts, to_ts=to_ts)
+    requests = window.requests.lazy()
     group = None if by is Grouping.FLEET else by.value
-    plans = [
-        request_slis(requests, limits=limits, window_s=window_s),
-        request_slis(requests, limits=limits, window_s=window_s, by=[group] if group else []),
-    ]
+    plans = {
+        "overall": request_slis(requests, limits=limits, window_s=window_s),
+        "grouped": request_slis(
+            requests, limits=limits, window_s=window_s, by=[group] if group else []
+        ),
+    }
     if step is not None:
         step_us = int(step.total_seconds() * 1_000_000)
         origin = pl.lit(from_ts) if from_ts else pl.col("end_ts").min().dt.truncate(f"{step_us}us")
@@ -154,22 +166,18 @@ def trace_section(
                 * step_us
             )
         )
-        per_window = [
-            request_slis(
-                stepped, limits=limits, window_s=step.total_seconds(), by=["window_start"]
-            ),
-            request_slis(
-                stepped,
-                limits=limits,
-                window_s=step.total_seconds(),
-                by=["window_start", group] if group else ["window_start"],
-            ),
-        ]
-        plans.extend(per_window)
+        plans["windows"] = request_slis(
+            stepped, limits=limits, window_s=step.total_seconds(), by=["window_start"]
+        )
+        plans["window_groups"] = request_slis(
+            stepped,
+            limits=limits,
+            window_s=step.total_seconds(),
+            by=["window_start", group] if group else ["window_start"],
+        )
     # All summaries share one scan of the requests; collect_all runs them together.
-    collected = pl.collect_all(plans)
-    overall, grouped = collected[0], collected[1]
-    overall_row = overall.row(0, named=True)
+    collected = dict(zip(plans, pl.collect_all(plans.values()), strict=True))
+    overall_row = collected["overall"].row(0, named=True)
     report: dict[str, Any] = {
         "window": {
             "from": format_instant(from_ts),
@@ -183,11 +191,11 @@ def trace_section(
         },
         "by": by.value,
         "overall": _row_to_json(overall_row),
-        "groups": _groups(grouped, group),
+        "groups": _groups(collected["grouped"], group),
     }
     if step is not None:
-        window_rows, window_groups = collected[2], collected[3]
-        report["cross_check"] = _cross_check(store, window_rows, step=step)
+        window_rows, window_groups = collected["windows"], collected["window_groups"]
+        report["cross_check"] = _cross_check(window, window_rows, step=step)
         report["series"] = [
             {
                 "from": format_instant(row["window_start"]),
@@ -203,12 +211,12 @@ def trace_section(
 
 
 def _cross_check(
-    store: Store, window_rows: pl.DataFrame, *, step: timedelta
+    window: Window, window_rows: pl.DataFrame, *, step: timedelta
 ) -> list[dict[str, Any]]:
     """TTFT p95 per window from traces against the same from vLLM's histogram, when scraped."""
-    if store.points_range() is None or window_rows.height == 0:
+    if window.stored_points is None or window_rows.height == 0:
         return []
-    dimensions = series_dimensions(store.read_series(), store.read_targets())
+    dimensions = series_dimensions(window.series.lazy(), window.targets.lazy())
     bounds = (
         dimensions.filter(pl.col("signal") == Signal.TTFT_S.value)
         .select(pl.col("le").drop_nulls().unique())
@@ -218,7 +226,7 @@ def _cross_check(
     )
     starts = window_rows["window_start"].to_list()
     ends_s = [(start + step).replace(tzinfo=UTC).timestamp() for start in starts]
-    points = store.read_points(from_ts=min(starts) - step, to_ts=max(starts) + 2 * step)
+    points = window.points_between(min(starts) - step, max(starts) + 2 * step)
     histogram = histogram_quantiles(
         points,
         dimensions,
@@ -317,51 +325,44 @@ def _blocks(
 
 
 def histogram_section(
-    store: Store,
-    *,
-    from_ts: datetime | None = None,
-    to_ts: datetime | None = None,
-    by: Grouping = Grouping.REPLICA,
-    step: timedelta | None = None,
+    window: Window, *, by: Grouping = Grouping.REPLICA, step: timedelta | None = None
 ) -> dict[str, Any] | None:
     """SLIs from scraped series over [from_ts, to_ts] (default: the stored points' span), as
     PromQL evaluates them at `to` with the range `to - from`: histogram quantiles of TTFT,
     ITL, TPOT and e2e, counter increases, gauge means and maxima, GPU signals; per group and
     for the fleet, and with `step` per consecutive window (aligned to from_ts, or to the first
     point rounded down to the step). None when no point was scraped in the window."""
-    span = store.points_range()
+    from_ts, to_ts, span = window.from_ts, window.to_ts, window.stored_points
     if span is None:
         return None
-    start, end = from_ts or span[0], to_ts or span[1]
-    if end <= start or span[1] < start or span[0] > end:
+    start, end = from_ts or span.first, to_ts or span.last
+    if end <= start or span.last < start or span.first > end:
         return None
-    # Range selectors include both edges; read_points excludes its upper bound.
-    points = store.read_points(from_ts=start, to_ts=end + timedelta(microseconds=1))
-    dimensions = with_host_replicas(series_dimensions(store.read_series(), store.read_targets()))
+    # Range selectors include both edges; points_between excludes its upper bound.
+    points = window.points_between(start, end + timedelta(microseconds=1))
+    dimensions = with_host_replicas(series_dimensions(window.series.lazy(), window.targets.lazy()))
     scope = Scope(by.value)
     column = None if scope is Scope.FLEET else scope.value
     window_s = (end - start).total_seconds()
-    plans = [
-        *_metric_tables(
-            points, dimensions, range_s=window_s, window_ends_s=[_epoch_s(end)], scope=Scope.FLEET
-        )
-    ]
+    # Each plan is (wide rows, finish reasons), named by (scope, whole window or steps).
+    plans: dict[tuple[str, str], tuple[pl.LazyFrame, pl.LazyFrame]] = {}
+    whole: dict[str, Any] = {"range_s": window_s, "window_ends_s": [_epoch_s(end)]}
+    plans["fleet", "whole"] = _metric_tables(points, dimensions, scope=Scope.FLEET, **whole)
     if column:
-        plans += _metric_tables(
-            points, dimensions, range_s=window_s, window_ends_s=[_epoch_s(end)], scope=scope
-        )
+        plans["group", "whole"] = _metric_tables(points, dimensions, scope=scope, **whole)
     ends: list[float] = []
     if step is not None:
         step_s = step.total_seconds()
         origin = _epoch_s(start) if from_ts else _epoch_s(start) // step_s * step_s
         ends = [origin + k * step_s for k in range(1, int((_epoch_s(end) - origin) // step_s) + 1)]
         if ends:
-            series_args = {"range_s": step_s, "window_ends_s": ends}
-            plans += _metric_tables(points, dimensions, scope=Scope.FLEET, **series_args)  # type: ignore[arg-type]
+            steps: dict[str, Any] = {"range_s": step_s, "window_ends_s": ends}
+            plans["fleet", "steps"] = _metric_tables(points, dimensions, scope=Scope.FLEET, **steps)
             if column:
-                plans += _metric_tables(points, dimensions, scope=scope, **series_args)  # type: ignore[arg-type]
-    collected = pl.collect_all(plans)
-    overall = _blocks(collected[0], collected[1], column=None, window_s=window_s)
+                plans["group", "steps"] = _metric_tables(points, dimensions, scope=scope, **steps)
+    frames = iter(pl.collect_all([frame for pair in plans.values() for frame in pair]))
+    collected = {name: (next(frames), next(frames)) for name in plans}
+    overall = _blocks(*collected["fleet", "whole"], column=None, window_s=window_s)
     empty = _metric_block({}, {}, window_s)
     section: dict[str, Any] = {
         "window": {"from": format_instant(start), "to": format_instant(end), "window_s": window_s},
@@ -369,7 +370,7 @@ def histogram_section(
         "groups": [],
     }
     if column:
-        grouped = _blocks(collected[2], collected[3], column=column, window_s=window_s)
+        grouped = _blocks(*collected["group", "whole"], column=column, window_s=window_s)
         section["groups"] = [
             {column: key[0], **block}
             for key, block in sorted(
@@ -377,17 +378,14 @@ def histogram_section(
             )
         ]
     if step is not None:
-        offset = 4 if column else 2
         step_s = step.total_seconds()
         fleet_windows: dict[tuple[Any, float], dict[str, Any]] = {}
         group_windows: dict[tuple[Any, float], dict[str, Any]] = {}
         if ends:
-            fleet_windows = _blocks(
-                collected[offset], collected[offset + 1], column=None, window_s=step_s
-            )
+            fleet_windows = _blocks(*collected["fleet", "steps"], column=None, window_s=step_s)
             if column:
                 group_windows = _blocks(
-                    collected[offset + 2], collected[offset + 3], column=column, window_s=step_s
+                    *collected["group", "steps"], column=column, window_s=step_s
                 )
         section["series"] = [
             {
