@@ -1,6 +1,7 @@
-"""The application shell: the `servewatch` CLI, configuration and scheduled jobs.
-
-Thin wrappers over the library packages; nothing imports this package.
+"""servewatch: the one top-level package. Its rooms (`servewatch.pipeline`, `servewatch.store`,
+`servewatch.collectors`, ...) are the folders at the top of the source tree, linked below it;
+the rest of this folder is the application shell: the `servewatch` CLI (`servewatch.cli`),
+configuration, the `run` service and the demo, thin wrappers that no room imports.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -51,7 +51,7 @@ def test_the_wheel_installs_only_the_servewatch_package(tmp_path: Path) -> None:
         "pipeline/tables.py",
         "slo/burn_windows.toml",
         "emulator/engine.py",
-        "cli.py",
+        "cli/app.py",
     ):
         assert f"servewatch/{module}" in names
 

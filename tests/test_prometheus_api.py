@@ -639,7 +639,7 @@ def test_a_kind_label_names_the_kind_of_a_target_no_catalogue_name_decides(
         ),
     ],
 )
-def test_scrape_from_prometheus_bad_arguments_are_usage_errors(
+def test_import_prometheus_bad_arguments_are_usage_errors(
     tmp_path: Path, runner: CliRunner, args: list[str], message: str
 ) -> None:
     result = runner.invoke(
@@ -647,11 +647,11 @@ def test_scrape_from_prometheus_bad_arguments_are_usage_errors(
         [
             "--db",
             str(tmp_path / "s.duckdb"),
-            "scrape",
+            "import",
+            "prometheus",
+            URL,
             "--config",
             str(tmp_path / "none.toml"),
-            "--from-prometheus",
-            URL,
             *args,
         ],
     )
@@ -659,9 +659,8 @@ def test_scrape_from_prometheus_bad_arguments_are_usage_errors(
     assert message in " ".join(result.stderr.split())
 
 
-def test_scrape_from_an_unreachable_prometheus_fails_naming_the_url(
-    tmp_path: Path, runner: CliRunner
-) -> None:
+def test_the_old_spelling_imports_too_with_a_note(tmp_path: Path, runner: CliRunner) -> None:
+    """`scrape --from-prometheus URL`, as earlier versions spelled the import, still works."""
     url = f"http://127.0.0.1:{free_port()}"
     result = runner.invoke(
         app,
@@ -679,16 +678,42 @@ def test_scrape_from_an_unreachable_prometheus_fails_naming_the_url(
             "2026-11-18T11:00:00Z",
         ],
     )
+    assert result.exit_code == 1  # what the import says of an unreachable server
+    stderr = " ".join(result.stderr.split())
+    assert "is now `servewatch import prometheus URL`" in stderr
+    assert f"{url}/api/v1/label/__name__/values: cannot reach the server" in stderr
+
+
+def test_import_from_an_unreachable_prometheus_fails_naming_the_url(
+    tmp_path: Path, runner: CliRunner
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = runner.invoke(
+        app,
+        [
+            "--db",
+            str(tmp_path / "s.duckdb"),
+            "import",
+            "prometheus",
+            url,
+            "--config",
+            str(tmp_path / "none.toml"),
+            "--from",
+            "2026-11-18T10:00:00Z",
+            "--to",
+            "2026-11-18T11:00:00Z",
+        ],
+    )
     assert result.exit_code == 1
     stderr = " ".join(result.stderr.split())
     assert f"{url}/api/v1/label/__name__/values: cannot reach the server" in stderr
 
 
-def test_import_options_without_from_prometheus_are_usage_errors(
+def test_import_options_on_a_live_scrape_are_usage_errors(
     tmp_path: Path, runner: CliRunner
 ) -> None:
     result = runner.invoke(
         app, ["scrape", "--config", str(tmp_path / "none.toml"), "--step", "1s", "--once"]
     )
     assert result.exit_code == 2
-    assert "need --from-prometheus URL" in " ".join(result.stderr.split())
+    assert "are options of `servewatch import prometheus URL`" in " ".join(result.stderr.split())

@@ -5,7 +5,7 @@ scraped every second by a real Prometheus for about 22 s, during which replica v
 at 6 s and starts again (1 s cold start) at 10 s, so its counters drop back to zero: a
 counter reset between two scrapes, with failed scrapes (`up == 0`) in between.
 
-- `servewatch scrape --from-prometheus` (issue #4) imports the range at step = scrape
+- `servewatch import prometheus` (issue #4) imports the range at step = scrape
   interval; the stored points must be exactly what Prometheus's own query_range answers at
   the same instants, and importing again must change nothing.
 - rate and increase (issue #5): Prometheus's `/api/v1/query` answers `rate(x[w])` and
@@ -158,11 +158,11 @@ def test_scrape_from_prometheus_stores_what_prometheus_answers_at_each_step(
     args = [
         "--db",
         str(db),
-        "scrape",
+        "import",
+        "prometheus",
+        recording.url,
         "--config",
         str(tmp_path / "absent.toml"),
-        "--from-prometheus",
-        recording.url,
         "--from",
         str(recording.start_ms // 1000),
         "--to",

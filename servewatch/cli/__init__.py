@@ -1,0 +1,26 @@
+"""The `servewatch` command line: a thin layer of argument parsing over the library.
+
+Exit codes: 0 ok, 1 failure, 2 usage or bad input. Reporting commands take `--json` and then
+print exactly one JSON document on stdout; progress and messages go to stderr. One module per
+command group registers its commands on `app` (servewatch/cli/app.py) when imported here.
+"""
+
+from servewatch.cli import (  # noqa: F401 (imported to register their commands)
+    capacity,
+    emulator,
+    health,
+    imports,
+    ingest,
+    report,
+    scrape,
+    service,
+    sli,
+    slo,
+)
+from servewatch.cli.app import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,326 @@
+"""The command line's shared parts: the app and its groups, the global options, and the
+helpers every command uses to open the store, read a window and fail with the right code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from servewatch import __version__
+from servewatch.collectors.metric_ingest import MetricIngestReport
+from servewatch.collectors.service_api import ServiceApiError, fetch_window
+from servewatch.collectors.trace_ingest import IngestReport
+from servewatch.config import Config, ConfigError, load_config
+from servewatch.pipeline.instants import parse_instant
+from servewatch.pipeline.window import Window, WindowQuery
+from servewatch.render import (
+    err_console,
+    labelled,
+)
+from servewatch.store import (
+    SchemaTooNewError,
+    Store,
+    StoreBusyError,
+    StoreError,
+    StoreMissingError,
+    StorePathError,
+    damage_error,
+)
+
+EXIT_FAILURE = 1
+
+
+EXIT_BAD_INPUT = 2
+
+
+DEFAULT_DB = Path("servewatch.duckdb")
+
+
+# The order `servewatch --help` lists commands in: data in, answers out, capacity, services.
+# Each module of this package registers its own commands; their import order is isort's.
+COMMAND_ORDER = (
+    "ingest",
+    "replay",
+    "record",
+    "scrape",
+    "import",
+    "sli",
+    "slo",
+    "alerts",
+    "health",
+    "report",
+    "size",
+    "recommend",
+    "drill",
+    "run",
+    "emulate",
+    "demo",
+)
+
+
+class Commands(TyperGroup):
+    """Lists each command with the whole first sentence of its help: click's own listing cuts
+    it to fit the terminal and ends it with "...", which loses text. Commands named in
+    `COMMAND_ORDER` come in that order, any other after them as registered."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = list(super().list_commands(ctx))
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: rank.get(name, len(rank)))
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [
+            (name, command.get_short_help_str(limit=sys.maxsize))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+app = typer.Typer(
+    name="servewatch",
+    cls=Commands,
+    help="Observability, SLOs and capacity for fleets of vLLM replicas.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Plain help and usage errors: wrapped at word boundaries, never cropped to the terminal,
+    # and `[slo]` in a help text stays text instead of being read as rich markup.
+    rich_markup_mode=None,
+)
+
+
+ingest_app = typer.Typer(
+    help="Read recorded telemetry files into the store.",
+    cls=Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+app.add_typer(ingest_app, name="ingest")
+
+
+slo_app = typer.Typer(
+    help="SLOs: status, error budgets, burn rates and Prometheus rules.",
+    cls=Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+app.add_typer(slo_app, name="slo")
+import_app = typer.Typer(
+    help="Import a fleet's history from the stores it already keeps.",
+    cls=Commands,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(import_app, name="import")
+
+
+@dataclass
+class CliState:
+    """What the global options set for one invocation. Kept on the command's context
+    (`ctx.ensure_object(CliState)`), so nothing of one invocation outlives it, as module state
+    would in a test runner's process; commands pass it to the helpers below."""
+
+    db: Path = DEFAULT_DB
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+FromOption = Annotated[
+    str | None, typer.Option("--from", help="Start (ISO 8601 or Unix s), inclusive.")
+]
+
+
+ToOption = Annotated[str | None, typer.Option("--to", help="End (ISO 8601 or Unix s), exclusive.")]
+
+
+VersionLabelOption = Annotated[
+    str,
+    typer.Option(
+        "--version-label",
+        help="What tells rollout versions apart: model (the served model name), or a target "
+        "or series label such as pool or image.",
+    ),
+]
+
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="servewatch.toml ([slo] files, store path).")
+]
+
+
+SloOption = Annotated[
+    list[Path] | None,
+    typer.Option("--slo", help="SLO spec file (servewatch, Sloth or OpenSLO); repeatable."),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"servewatch {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    db: Annotated[
+        Path,
+        typer.Option(
+            "--db",
+            help="DuckDB store file. Commands that store data (ingest, replay, scrape, run) "
+            "create it when missing; the others refuse a missing one.",
+            envvar="SERVEWATCH_DB",
+        ),
+    ] = DEFAULT_DB,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Observability, SLOs and capacity for fleets of vLLM replicas."""
+    ctx.obj = CliState(db=db)
+
+
+def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
+    err_console.print(labelled("error:", message, style="bold red"))
+    return typer.Exit(code)
+
+
+def store_failure(exc: StoreError) -> typer.Exit:
+    """A store that cannot be opened: bad input when the path or version is wrong."""
+    if isinstance(exc, StoreMissingError):
+        message = f"{exc}; `servewatch ingest` or `servewatch run` creates one"
+        return fail(message, code=EXIT_BAD_INPUT)
+    if isinstance(exc, SchemaTooNewError | StorePathError):
+        return fail(str(exc), code=EXIT_BAD_INPUT)
+    return fail(str(exc))
+
+
+@contextmanager
+def open_store(
+    state: CliState, *, create: bool = False, read_only: bool = False
+) -> Iterator[Store]:
+    """The store at --db for one command. Only commands that store data create a missing one;
+    reading commands open it `read_only` and write nothing; damage DuckDB finds while the
+    command runs is one line and exit 1, as at open."""
+    try:
+        store = Store.open(state.db, create=create, read_only=read_only)
+    except StoreError as exc:
+        raise store_failure(exc) from exc
+    with _damage_is_one_line(store):
+        yield store
+
+
+@contextmanager
+def _damage_is_one_line(store: Store) -> Iterator[None]:
+    with store:
+        try:
+            yield
+        except Exception as exc:
+            damaged = damage_error(store.path, exc)
+            if damaged is None:
+                raise
+            raise fail(str(damaged)) from exc
+
+
+def read_window(state: CliState, query: WindowQuery) -> Window:
+    """The window of the store at --db, opened read-only; while a `servewatch run` holds the
+    store, the same window read by it, through its local API."""
+    try:
+        store = Store.open(state.db, create=False, read_only=True)
+    except StoreBusyError as exc:
+        holder = exc.holder
+        if holder is None or holder.api_url is None:
+            raise store_failure(exc) from exc
+        err_console.print(
+            labelled(
+                "note:",
+                f"{state.db} is held by `{holder.command}` (PID {holder.pid}): reading it "
+                f"through {holder.api_url}",
+            )
+        )
+        try:
+            return fetch_window(holder.api_url, query)
+        except ServiceApiError as api_exc:
+            raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
+    except StoreError as exc:
+        raise store_failure(exc) from exc
+    with _damage_is_one_line(store):
+        return store.read_query(query)
+
+
+def instant(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except ValueError as exc:
+        raise fail(f"{option}: {exc}", code=EXIT_BAD_INPUT) from exc
+
+
+def limit_s(value_ms: float | None, option: str) -> float | None:
+    if value_ms is None:
+        return None
+    if not value_ms > 0:
+        raise fail(f"{option} must be a positive number of milliseconds, got {value_ms}", code=2)
+    return value_ms / 1000.0
+
+
+def write_file(path: Path, text: str, *, what: str) -> None:
+    """Write an --out file; a folder or an unwritable path is a usage error."""
+    if path.is_dir():
+        raise fail(f"--out {path}: is a folder; give {what}'s path", code=EXIT_BAD_INPUT)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise fail(
+            f"--out {path}: cannot write: {exc.strerror or exc}", code=EXIT_BAD_INPUT
+        ) from exc
+
+
+def load_config_or_fail(path: Path) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+
+
+def ingest_json(report: IngestReport) -> dict[str, Any]:
+    return {
+        "files": report.files,
+        "spans": report.spans,
+        "request_spans": report.request_spans,
+        "other_spans": report.other_spans,
+        "new_requests": report.new_requests,
+        "duplicate_requests": report.duplicate_requests,
+        "rejected": len(report.rejects),
+        "rejects": [asdict(r) for r in report.rejects],
+    }
+
+
+def metric_json(report: MetricIngestReport) -> dict[str, Any]:
+    return {
+        "pages": report.pages,
+        "new_scrapes": report.new_scrapes,
+        "new_points": report.new_points,
+        "stored_samples": report.stored_samples,
+        "unknown_samples": report.unknown_samples,
+        "malformed_lines": [asdict(r) for r in report.line_errors],
+        "failed_scrapes": [asdict(r) for r in report.failed_scrapes],
+    }

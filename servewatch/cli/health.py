@@ -1,0 +1,82 @@
+"""`servewatch health`: the failure modes the store's window shows."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from servewatch.cli.app import (
+    EXIT_BAD_INPUT,
+    CliState,
+    FromOption,
+    JsonOption,
+    ToOption,
+    VersionLabelOption,
+    app,
+    fail,
+    instant,
+    read_window,
+)
+from servewatch.health_service import (
+    DEFAULT_VERSION_LABEL,
+    finding_json,
+    health_findings,
+    health_window,
+)
+from servewatch.pipeline.instants import format_instant
+from servewatch.pipeline.window import WindowQuery
+from servewatch.render import (
+    err_console,
+    health_table,
+    out_console,
+    print_json,
+)
+
+
+@app.command()
+def health(
+    ctx: typer.Context,
+    from_: FromOption = None,
+    to: ToOption = None,
+    version_label: VersionLabelOption = DEFAULT_VERSION_LABEL,
+    zone_loss: Annotated[
+        bool,
+        typer.Option(help="Whether losing a zone is in scope (flags pools in a single zone)."),
+    ] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Which failure mode the data shows, where, since when and how sure: slow replicas, KV
+    pool pressure, affinity loss, traffic steps, regressing rollouts and shared failure domains
+    (host loss, replicas without host or zone, all capacity in one zone).
+
+    The window defaults to everything stored; an empty end (null in JSON) means ongoing.
+    """
+    state = ctx.ensure_object(CliState)
+    from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
+    if from_ts and to_ts and to_ts <= from_ts:
+        raise fail(
+            f"--to ({format_instant(to_ts)}) must be after --from ({format_instant(from_ts)})",
+            code=EXIT_BAD_INPUT,
+        )
+    stored = read_window(state, WindowQuery(from_ts, to_ts))
+    try:
+        window = health_window(stored)
+        findings = health_findings(
+            stored, version_label=version_label, zone_loss_in_scope=zone_loss
+        )
+    except ValueError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    if as_json:
+        print_json(
+            {
+                "from": format_instant(window[0]) if window else None,
+                "to": format_instant(window[1]) if window else None,
+                "version_label": version_label,
+                "findings": [finding_json(f) for f in findings],
+            }
+        )
+    else:
+        out_console.print(health_table(findings, start=window[0] if window else None))
+    if window is None:
+        err_console.print(f"nothing stored in {state.db} to examine: scrape or replay first")

@@ -1,0 +1,144 @@
+"""`servewatch import prometheus`: a fleet's history read from the Prometheus it already has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from servewatch.cli.app import (
+    DEFAULT_DB,
+    EXIT_BAD_INPUT,
+    CliState,
+    FromOption,
+    JsonOption,
+    ToOption,
+    fail,
+    import_app,
+    instant,
+    load_config_or_fail,
+    open_store,
+)
+from servewatch.collectors.prometheus_api import PrometheusApiError
+from servewatch.collectors.prometheus_reader import ImportWindow, Resolution
+from servewatch.pipeline.instants import parse_duration
+from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
+from servewatch.render import err_console, labelled, out_console, print_json
+
+StepOption = Annotated[
+    str | None,
+    typer.Option(
+        "--step",
+        help="Step between imported instants (15s, 1m); default scrape.interval_s of --config, "
+        "else 15s. With --raw it sizes the chunks only.",
+    ),
+]
+RawOption = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="Import the samples as Prometheus stored them, at their scrape times, instead of "
+        "values at step instants.",
+    ),
+]
+KeepUncataloguedOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-uncatalogued",
+        help="Import every other family of the same jobs too (as scrape.keep_uncatalogued does "
+        "for scrapes).",
+    ),
+]
+
+
+@import_app.command("prometheus")
+def import_prometheus(
+    ctx: typer.Context,
+    url: Annotated[
+        str,
+        typer.Argument(
+            metavar="URL",
+            help="The HTTP API root of a Prometheus, Thanos or Mimir, e.g. http://prometheus:9090.",
+        ),
+    ],
+    from_: FromOption = None,
+    to: ToOption = None,
+    step: StepOption = None,
+    raw: RawOption = False,
+    keep_uncatalogued: KeepUncataloguedOption = False,
+    config_path: Annotated[
+        Path,
+        typer.Option(
+            "--config",
+            help="servewatch.toml, when it exists: lends the store path, step and keep option.",
+        ),
+    ] = Path("servewatch.toml"),
+    as_json: JsonOption = False,
+) -> None:
+    """Import --from..--to of what a Prometheus holds into the store (docs/prometheus-import.md).
+
+    The catalogued families a Prometheus (Thanos, Mimir) already holds for the range are read
+    through its HTTP API into the tables a scrape fills; importing a range twice changes
+    nothing, and an import cut short resumes where it stopped.
+    """
+    state = ctx.ensure_object(CliState)
+    import_prometheus_range(
+        state,
+        url,
+        config_path=config_path,
+        from_=from_,
+        to=to,
+        step=step,
+        raw=raw,
+        keep_uncatalogued=keep_uncatalogued,
+        as_json=as_json,
+    )
+
+
+def import_prometheus_range(
+    state: CliState,
+    url: str,
+    *,
+    config_path: Path,
+    from_: str | None,
+    to: str | None,
+    step: str | None,
+    raw: bool,
+    keep_uncatalogued: bool,
+    as_json: bool,
+) -> None:
+    """Import [--from, --to) of the catalogued families the Prometheus at `url` holds."""
+    # The config is optional here: it only lends the store path, step and keep option.
+    config = load_config_or_fail(config_path) if config_path.exists() else None
+    if config is not None and config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
+        state.db = config.store_path
+    from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
+    if from_ts is None or to_ts is None:
+        raise fail("a Prometheus import needs --from and --to", code=EXIT_BAD_INPUT)
+    try:
+        step_s = (
+            parse_duration(step).total_seconds()
+            if step is not None
+            else (config.scrape.interval_s if config is not None else 15.0)
+        )
+        window = ImportWindow(
+            start=from_ts,
+            end=to_ts,
+            step_s=step_s,
+            resolution=Resolution.RAW if raw else Resolution.STEP,
+        )
+    except ValueError as exc:
+        raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
+    keep = keep_uncatalogued or (config is not None and config.scrape.keep_uncatalogued)
+    with open_store(state, create=True) as store:
+        try:
+            report = import_from_prometheus(url, store=store, window=window, keep_uncatalogued=keep)
+        except PrometheusApiError as exc:
+            raise fail(f"{exc} (chunks imported before this are kept; rerun to resume)") from exc
+    if as_json:
+        print_json(import_json(report, window=window))
+        return
+    out_console.print(import_summary(report), highlight=False)
+    for problem in report.problems:
+        err_console.print(labelled("problem", str(problem)))

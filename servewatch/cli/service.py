@@ -1,0 +1,68 @@
+"""`servewatch run`: the scheduled service next to a fleet."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from servewatch.cli.app import (
+    DEFAULT_DB,
+    EXIT_BAD_INPUT,
+    CliState,
+    app,
+    fail,
+    store_failure,
+)
+from servewatch.config import ConfigError
+from servewatch.render import (
+    err_console,
+)
+from servewatch.service import Service
+from servewatch.slo.fields import SpecError
+from servewatch.slo_service import SloSetupError
+from servewatch.store import (
+    StoreError,
+)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    config_path: Annotated[
+        Path, typer.Option("--config", help="servewatch.toml: targets, OTLP listener, SLOs.")
+    ] = Path("servewatch.toml"),
+    health_port: Annotated[
+        int, typer.Option(help="Port on 127.0.0.1 for the service's /metrics and /healthz.")
+    ] = 9464,
+) -> None:
+    """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
+
+    SIGTERM or Ctrl-C finishes the running jobs, writes what is pending and exits 0. A config
+    file that turns invalid while running is reported and the last good one stays in use. A
+    target failing scrape.failing_after scrapes in a row is warned about on stderr; /healthz
+    says degraded while some targets fail and answers 503 while all do.
+    """
+    state = ctx.ensure_object(CliState)
+    try:
+        service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
+    except (ConfigError, SloSetupError, SpecError) as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    except StoreError as exc:
+        raise store_failure(exc) from exc
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    err_console.print(
+        f"servewatch run: store {service.store.path}, OTLP {service.receiver.endpoint}, "
+        f"health http://127.0.0.1:{health_port}/healthz"
+    )
+    try:
+        service.run_until(stop, health_port=health_port)
+    except OSError as exc:
+        raise fail(f"cannot start: {exc}") from exc

@@ -1,0 +1,160 @@
+"""`servewatch slo status|rules|evaluate` and `alerts`: budgets, burn rates, alert state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from servewatch.cli.app import (
+    DEFAULT_DB,
+    EXIT_BAD_INPUT,
+    CliState,
+    ConfigOption,
+    JsonOption,
+    SloOption,
+    app,
+    fail,
+    instant,
+    load_config_or_fail,
+    open_store,
+    slo_app,
+    write_file,
+)
+from servewatch.pipeline.instants import format_instant
+from servewatch.render import (
+    alerts_table,
+    change_json,
+    err_console,
+    labelled,
+    out_console,
+    print_json,
+    slo_status_table,
+)
+from servewatch.slo.alert_state import changes_from_frame
+from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.fields import SpecError
+from servewatch.slo.prometheus_rules import prometheus_rules
+from servewatch.slo.spec import SloSpec
+from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
+from servewatch.store import (
+    utc_now,
+)
+
+
+def _slo_specs(
+    state: CliState, slo_files: list[Path] | None, config_path: Path | None
+) -> tuple[SloSpec, ...]:
+    paths = list(slo_files or [])
+    if not paths and config_path is not None:
+        config = load_config_or_fail(config_path)
+        paths = list(config.slo.files)
+        if state.db == DEFAULT_DB:
+            state.db = config.store_path
+    try:
+        specs, notes = load_specs(paths)
+    except (SloSetupError, SpecError) as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+    for note in notes:
+        err_console.print(labelled("note:", note))
+    return specs
+
+
+@slo_app.command("status")
+def slo_status_command(
+    ctx: typer.Context,
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Budget remaining and consumed, burn rate per alert window, time to exhaustion and alert
+    state of every SLO, exact from per-minute good and total counts."""
+    state = ctx.ensure_object(CliState)
+    specs = _slo_specs(state, slo, config)
+    moment = instant(at, "--at") or utc_now()
+    with open_store(state, read_only=True) as store:
+        statuses = status_at(store, specs=specs, at=moment)
+    if as_json:
+        print_json({"at": format_instant(moment), "slos": [s.to_json() for s in statuses]})
+        return
+    out_console.print(slo_status_table(statuses, at=moment))
+
+
+@slo_app.command("rules")
+def slo_rules_command(
+    ctx: typer.Context,
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    out: Annotated[Path, typer.Option(help="Where to write the Prometheus rule file.")] = Path(
+        "rules.yml"
+    ),
+    as_json: JsonOption = False,
+) -> None:
+    """Write Prometheus recording and alerting rules equivalent to servewatch's evaluation
+    (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
+    state = ctx.ensure_object(CliState)
+    specs = _slo_specs(state, slo, config)
+    rules = prometheus_rules(specs)
+    write_file(out, rules.to_yaml(), what="the rule file")
+    if as_json:
+        print_json({"out": str(out), "skipped": list(rules.skipped)})
+        return
+    out_console.print(f"wrote {out}", highlight=False)
+    for reason in rules.skipped:
+        err_console.print(labelled("not expressible in PromQL:", reason))
+
+
+@slo_app.command("evaluate")
+def slo_evaluate_command(
+    ctx: typer.Context,
+    slo: SloOption = None,
+    config: ConfigOption = None,
+    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    alertmanager: Annotated[
+        str | None, typer.Option(help="Alertmanager base URL to notify (v2 API).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One alert evaluation (what `servewatch run` does every minute): state changes are
+    recorded in the store and sent to Alertmanager when a URL is given."""
+    state = ctx.ensure_object(CliState)
+    specs = _slo_specs(state, slo, config)
+    moment = instant(at, "--at") or utc_now()
+    url = alertmanager
+    if url is None and config is not None:
+        url = load_config_or_fail(config).slo.alertmanager_url
+    with open_store(state) as store, httpx.Client(timeout=10) as client:
+        notifier = AlertmanagerNotifier(client, url=url) if url else None
+        evaluation = evaluate(store, specs=specs, at=moment, notifier=notifier)
+    document = {
+        "at": format_instant(evaluation.at),
+        "changes": [change_json(c) for c in evaluation.changes],
+        "firing": [change_json(c) for c in evaluation.firing],
+        "notification_error": evaluation.notification_error,
+    }
+    if as_json:
+        print_json(document)
+    else:
+        out_console.print(
+            f"{len(evaluation.changes)} state change(s), {len(evaluation.firing)} firing",
+            highlight=False,
+        )
+    if evaluation.notification_error:
+        err_console.print(
+            labelled("notification failed:", evaluation.notification_error, style="red")
+        )
+
+
+@app.command()
+def alerts(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
+    state = ctx.ensure_object(CliState)
+    with open_store(state, read_only=True) as store:
+        changes = changes_from_frame(store.read_alert_changes().collect())
+    if as_json:
+        print_json({"alerts": [change_json(c) for c in changes]})
+        return
+    out_console.print(alerts_table(changes))
