@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.report import Comparison
-from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.collectors.traces.ingest import ingest_trace_files
 from servewatch.store import Store
 
 SPANS_PER_LINE = 500

@@ -28,8 +28,8 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.report import Comparison
-from servewatch.collectors.otlp_receiver import PROTOBUF, ReceiverConfig, handle_export
 from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.traces.receiver import PROTOBUF, ReceiverConfig, handle_export
 from servewatch.store import Store
 
 REPLICAS = 12

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import Comparison
-from servewatch.collectors.exposition import parse_exposition
-from servewatch.collectors.exposition_batch import parse_expositions
+from servewatch.collectors.metrics.exposition import parse_exposition
+from servewatch.collectors.metrics.exposition_batch import parse_expositions
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,

@@ -16,7 +16,7 @@ and the same competition from the rest of the machine. Every figure is per sampl
   process's CPU time (/proc) over the window of each mode of ours, over the samples it scraped
   in that window.
 - servewatch, in the same run on the same endpoints, two ways the product scrapes:
-  - service (`servewatch run`): `collectors.scrape_loop.ScrapeLoop` scrapes each target on its
+  - service (`servewatch run`): `collectors.scrape.loop.ScrapeLoop` scrapes each target on its
     own schedule (offsets spread over the interval, as Prometheus's are) and hands each page to
     `servewatch.scraping.PageBatcher`, which batches the pages that arrive while a write is
     queued into one `ingest_pages` call on the `StoreWriter` thread. The batch sizes are the
@@ -57,11 +57,11 @@ import httpx
 
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
-from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from servewatch.collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
-from servewatch.collectors.scraper import scrape_targets
+from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape.scraper import scrape_targets
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.collectors.targets import Target, TargetKind
 from servewatch.config import ScrapeSettings
 from servewatch.scraping import PageBatcher, page_of, scheduled_targets
 from servewatch.store import Store

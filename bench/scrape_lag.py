@@ -7,7 +7,7 @@ vLLM V1 page (bench/parse_exposition.py: ~270 samples, ~35 KB).
 - servewatch: the real `Service` (scrape loop, scraper, page batches through the single store
   writer thread into DuckDB, the APScheduler jobs, the OTLP receiver) reading the targets from a
   file_sd file. Lag is exact: each stored scrape's start minus its slot, which follows from the
-  target's identity (collectors/scrape_schedule.py). Overlaps come from the stored scrapes
+  target's identity (collectors/scrape/schedule.py). Overlaps come from the stored scrapes
   (a start before the previous scrape's start plus its duration); skipped slots from the
   service's own counter.
 - peer: Prometheus 2.42, started with the same file_sd file and interval, scraping the same
@@ -52,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.parse_exposition import vllm_page
 from bench.report import Comparison
-from servewatch.collectors.scrape_schedule import TargetSchedule, offset_s
+from servewatch.collectors.scrape.schedule import TargetSchedule, offset_s
 from servewatch.service import Service
 from servewatch.store import Store
 

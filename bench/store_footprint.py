@@ -39,9 +39,9 @@ import duckdb
 import polars as pl
 
 from bench.report import Comparison
-from servewatch.collectors.fixture_folder import iter_fixture_pages, open_fixture
-from servewatch.collectors.metric_ingest import ingest_pages
-from servewatch.collectors.replay import PAGES_PER_BATCH
+from servewatch.collectors.fixture.folder import iter_fixture_pages, open_fixture
+from servewatch.collectors.fixture.replay import PAGES_PER_BATCH
+from servewatch.collectors.metrics.ingest import ingest_pages
 from servewatch.emulator.fixture_writer import record_fleet
 from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec

@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import polars as pl
 
-from servewatch.collectors.trace_ingest import Reject, rejects_frame
+from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.store import Store
 
 WriteTask = Callable[[Store], object]  # what a task returns is ignored

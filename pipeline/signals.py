@@ -10,7 +10,7 @@ the signal's unit, so nothing downstream needs to know which exporter version wr
     throughput: bytes/s    counts: tokens, requests or events
 
 Catalogues, which map exposed sample names onto these signals, live in collectors/
-(`collectors/catalogue.py`).
+(`collectors/metrics/catalogue.py`).
 """
 
 from __future__ import annotations

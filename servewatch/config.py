@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servewatch.collectors.otlp_receiver import ReceiverConfig
-from servewatch.collectors.request_spans import SpanMapping
-from servewatch.collectors.targets import (
+from servewatch.collectors.scrape.targets import (
     Target,
     TargetError,
     check_scrape_url,
     gpu_count,
     target_from_labels,
 )
+from servewatch.collectors.traces.receiver import ReceiverConfig
+from servewatch.collectors.traces.request_spans import SpanMapping
 from servewatch.slo.fields import Fields, read_toml
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from servewatch.capacity.parallel import process_map
 from servewatch.capacity.requirement import load_requirement
-from servewatch.collectors.replay import replay_fixture
+from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.dashboards.export import write_report
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fixture_writer import record_fleet

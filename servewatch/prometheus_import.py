@@ -1,6 +1,6 @@
 """Prometheus import for the CLI: a client for the server, the plan, chunks under a progress bar.
 
-The reading and storing is `collectors.prometheus_reader`; this module owns what a command
+The reading and storing is `collectors.prometheus.reader`; this module owns what a command
 needs around it: the HTTP client, a progress bar on stderr while chunks are read, and the
 report as JSON.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from servewatch.collectors.prometheus_api import PrometheusApi
-from servewatch.collectors.prometheus_reader import (
+from servewatch.collectors.prometheus.api import PrometheusApi
+from servewatch.collectors.prometheus.reader import (
     ImportWindow,
     PrometheusImportReport,
     import_range,

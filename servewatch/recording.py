@@ -2,7 +2,7 @@
 
 For the given minutes the configured targets are scraped on a fixed grid (every
 `scrape.interval_s` from the start) and the OTLP receiver listens on the configured address;
-every page and every accepted export goes to the folder (`collectors.fixture_recording`).
+every page and every accepted export goes to the folder (`collectors.fixture.recording`).
 Nothing is written to the store: a recording is the raw input, and `servewatch replay DIR`
 turns it into tables whenever wanted (twice gives the same tables), without holding the store
 that a running `servewatch run` may own. Stopping early (the `stop` event, set by SIGINT or
@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 import polars as pl
 
-from servewatch.collectors.fixture_recording import FixtureRecording
-from servewatch.collectors.otlp_receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
-from servewatch.collectors.scraper import ScrapeResult, scrape_targets
+from servewatch.collectors.fixture.recording import FixtureRecording
+from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_targets
+from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.store_writer import TraceCommit
-from servewatch.collectors.targets import Target
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
+from servewatch.collectors.traces.receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
 from servewatch.config import Config, ScrapeSettings
 from servewatch.scraping import resolve_targets
 

@@ -1,7 +1,7 @@
 """Scraping as configured: which targets, on what schedule, and how pages reach the store.
 
 `servewatch scrape --once` fetches one round (every target at once); `servewatch scrape` and
-`servewatch run` scrape each target on its own schedule (collectors/scrape_loop.py) and hand
+`servewatch run` scrape each target on its own schedule (collectors/scrape/loop.py) and hand
 pages to the store writer in batches through `PageBatcher`.
 """
 
@@ -13,17 +13,17 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from servewatch.collectors.scrape_loop import (
+from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape.loop import (
     ScheduledTarget,
     ScrapeLoop,
     ScrapeOutcome,
     default_client,
 )
-from servewatch.collectors.scrape_schedule import schedule_for
-from servewatch.collectors.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.scrape.schedule import schedule_for
+from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.scrape.targets import FileSdSource, Target, merge_targets
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.collectors.targets import FileSdSource, Target, merge_targets
 from servewatch.config import Config, ScrapeSettings
 from servewatch.store import Store
 

@@ -1,6 +1,6 @@
 """`servewatch run`: the scheduled service next to a fleet.
 
-Scraping runs on its own event loop thread (collectors/scrape_loop.py): every target on its own
+Scraping runs on its own event loop thread (collectors/scrape/loop.py): every target on its own
 interval at a stable offset, never overlapping its own next scrape, a slow or dead target
 delaying no other; pages reach the store in batches. APScheduler 3 runs the other jobs: targets
 (every 30 s: file_sd re-read, the scrape loop's targets and schedules brought up to date), SLO
@@ -33,13 +33,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from servewatch.capacity.parallel import process_map
 from servewatch.capacity.requirement import load_requirement
-from servewatch.collectors.metric_ingest import MetricIngestReport
-from servewatch.collectors.otlp_receiver import OtlpHttpReceiver
-from servewatch.collectors.scrape_loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.metrics.ingest import MetricIngestReport
+from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.service_api import WINDOW_PATH
 from servewatch.collectors.store_writer import NotCommittedError, StoreWriter, TraceCommit
-from servewatch.collectors.targets import Target
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
+from servewatch.collectors.traces.receiver import OtlpHttpReceiver
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.dashboards.export import write_report
 from servewatch.health_service import evaluate_findings

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from servewatch.collectors.replay import replay_fixture
+from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.emulation import record_emulated_fleet
 from servewatch.emulator.engine import EngineParams
 from servewatch.emulator.failures import FailureKind, FailureSpec

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from servewatch.collectors.replay import replay_fixture
+from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.emulator.engine import EngineParams
 from servewatch.emulator.failures import FailureSpec
 from servewatch.emulator.fixture_writer import record_fleet

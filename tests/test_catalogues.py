@@ -14,29 +14,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from servewatch.collectors.catalogue import (
+from servewatch.collectors.metrics.catalogue import (
     Catalogue,
-    CataloguedSample,
     CatalogueEntry,
     CatalogueError,
     Disposition,
-    RawSample,
     SourceRule,
     disposition_counts,
-    kept,
     kept_rows,
     labels_json,
-    tally,
     unknown_family_counts,
 )
-from servewatch.collectors.dcgm_catalogue import (
+from servewatch.collectors.metrics.dcgm_catalogue import (
     DCGM_CATALOGUE,
     DCGM_FIELDS,
     canonical_names,
-    catalogue_dcgm,
     catalogue_dcgm_frame,
 )
-from servewatch.collectors.gpu_join import (
+from servewatch.collectors.metrics.gpu_join import (
     REPLICA_GPUS_SCHEMA,
     JoinRule,
     ReplicaGpus,
@@ -46,13 +41,20 @@ from servewatch.collectors.gpu_join import (
     match_replica,
     tensor_parallel,
 )
-from servewatch.collectors.vllm_catalogue import (
+from servewatch.collectors.metrics.vllm_catalogue import (
     VLLM_CATALOGUE,
     VLLM_FAMILIES,
-    catalogue_vllm,
     catalogue_vllm_frame,
 )
 from servewatch.pipeline.signals import SIGNALS, Signal, Source
+from tests.catalogue_oracle import (
+    CataloguedSample,
+    RawSample,
+    catalogue_dcgm,
+    catalogue_vllm,
+    kept,
+    tally,
+)
 from tests.conftest import REPO_ROOT
 
 SAMPLES = Path(os.environ.get("SERVEWATCH_SAMPLES", REPO_ROOT / "fixtures" / "samples"))

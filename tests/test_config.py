@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servewatch.collectors.targets import TargetKind
+from servewatch.collectors.scrape.targets import TargetKind
 from servewatch.config import ConfigError, load_config, parse_config
 
 EXAMPLE = """

@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.collectors.traces.ingest import ingest_trace_files
 from servewatch.dashboards.alert_band import firing_intervals
 from servewatch.dashboards.attainment import attainment_chart
 from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart

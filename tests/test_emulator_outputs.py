@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servewatch.collectors.exposition import parse_exposition
-from servewatch.collectors.otlp_json import read_trace_file
-from servewatch.collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig
-from servewatch.collectors.request_spans import RequestRows
+from servewatch.collectors.metrics.exposition import parse_exposition
 from servewatch.collectors.store_writer import TraceCommit
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
+from servewatch.collectors.traces.otlp_json import read_trace_file
+from servewatch.collectors.traces.receiver import OtlpHttpReceiver, ReceiverConfig
+from servewatch.collectors.traces.request_spans import RequestRows
 from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fixture_writer import (

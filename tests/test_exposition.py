@@ -33,7 +33,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as peer_text_families
 from prometheus_client.samples import Timestamp
 
-from servewatch.collectors.exposition import (
+from servewatch.collectors.metrics.exposition import (
     SAMPLES_SCHEMA,
     ExpositionFormat,
     ExpositionLineError,
@@ -47,7 +47,7 @@ from servewatch.collectors.exposition import (
     parse_exposition,
     parse_sample_line,
 )
-from servewatch.collectors.exposition_batch import BATCH_SCHEMA, parse_expositions
+from servewatch.collectors.metrics.exposition_batch import BATCH_SCHEMA, parse_expositions
 from tests.conftest import require_program
 
 SAMPLES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "samples"

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as peer_text_families
 
-from servewatch.collectors.exposition import (
+from servewatch.collectors.metrics.exposition import (
     CREATED_SUFFIX,
     LABEL_NAME_PATTERN,
     NAME_PATTERN,
@@ -34,9 +34,9 @@ from servewatch.collectors.exposition import (
     page_text,
     parse_exposition,
 )
-from servewatch.collectors.exposition_batch import parse_expositions
-from servewatch.collectors.metric_ingest import Page, ingest_pages
-from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.metrics.exposition_batch import parse_expositions
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.store import Store
 from tests.conftest import FIXTURES
 

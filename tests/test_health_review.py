@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.replay import replay_fixture
+from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.dashboards.export import chart_specs, report_html
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fleet_config import DEFAULT_MODEL, TopologySpec

@@ -7,9 +7,9 @@ from datetime import datetime
 
 import polars as pl
 
-from servewatch.collectors.exposition import parse_exposition
-from servewatch.collectors.metric_ingest import Page, ingest_pages
-from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.metrics.exposition import parse_exposition
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.store import Store
 from tests.conftest import FIXTURES
 

@@ -14,8 +14,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from servewatch.collectors.fixture_recording import otlp_json_line
-from servewatch.collectors.otlp_receiver import ExportOutcome, ReceiverConfig, handle_export
+from servewatch.collectors.fixture.recording import otlp_json_line
+from servewatch.collectors.traces.receiver import ExportOutcome, ReceiverConfig, handle_export
 from tests.protobuf_wire import varint
 from tests.test_otlp_protobuf_mapping import request_body
 from tests.test_otlp_receiver import make_spans

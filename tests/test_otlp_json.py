@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from servewatch.collectors.otlp_json import decode_trace_request, read_trace_file
+from servewatch.collectors.traces.otlp_json import decode_trace_request, read_trace_file
 from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

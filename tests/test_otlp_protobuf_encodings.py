@@ -12,8 +12,8 @@ import struct
 import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from servewatch.collectors.otlp_protobuf import decode_trace_request_bytes, map_request_spans
-from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.collectors.traces.otlp_protobuf import decode_trace_request_bytes, map_request_spans
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
 from tests.protobuf_wire import field, varint
 
 T0_NS = 1_795_000_000 * 10**9

@@ -9,10 +9,10 @@ import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from servewatch.collectors.fixture_recording import otlp_json_line
-from servewatch.collectors.otlp_json import decode_trace_request
-from servewatch.collectors.otlp_protobuf import decode_trace_request_bytes, map_request_spans
-from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.collectors.fixture.recording import otlp_json_line
+from servewatch.collectors.traces.otlp_json import decode_trace_request
+from servewatch.collectors.traces.otlp_protobuf import decode_trace_request_bytes, map_request_spans
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
 
 T0_NS = 1_795_000_000 * 10**9
 

@@ -22,14 +22,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from servewatch.collectors.fixture_recording import otlp_json_line
-from servewatch.collectors.otlp_receiver import (
+from servewatch.collectors.fixture.recording import otlp_json_line
+from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.traces.receiver import (
     ExportOutcome,
     OtlpHttpReceiver,
     ReceiverConfig,
     handle_export,
 )
-from servewatch.collectors.store_writer import StoreWriter
 from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 from servewatch.emulator.request_span import RequestTiming, record_request_span
 from servewatch.store import Store

@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from servewatch.collectors.otlp_receiver import OtlpHttpReceiver, ReceiverConfig, handle_export
 from servewatch.collectors.store_writer import StoreWriter, TraceCommit
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
+from servewatch.collectors.traces.receiver import OtlpHttpReceiver, ReceiverConfig, handle_export
 from servewatch.store import Store
 from tests.test_otlp_receiver import BODY, TOKEN, make_spans, protobuf_body
 

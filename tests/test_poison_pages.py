@@ -20,11 +20,11 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.exposition import page_text
-from servewatch.collectors.metric_ingest import MetricIngestReport, Page, ingest_pages
-from servewatch.collectors.scraper import scrape_targets
+from servewatch.collectors.metrics.exposition import page_text
+from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape.scraper import scrape_targets
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.collectors.targets import Target, TargetKind
 from servewatch.scraping import PageBatcher, page_of
 from servewatch.store import Store
 from tests.conftest import SAMPLE_PAGE, serving_pages

@@ -25,13 +25,13 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.prometheus_api import (
+from servewatch.collectors.prometheus.api import (
     MAX_POINTS_PER_SERIES,
     PrometheusApi,
     PrometheusApiError,
     seconds_text,
 )
-from servewatch.collectors.prometheus_reader import (
+from servewatch.collectors.prometheus.reader import (
     ImportWindow,
     PrometheusImportReport,
     Resolution,

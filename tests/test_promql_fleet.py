@@ -33,8 +33,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.prometheus_api import PrometheusApi
-from servewatch.collectors.prometheus_reader import (
+from servewatch.collectors.prometheus.api import PrometheusApi
+from servewatch.collectors.prometheus.reader import (
     ImportWindow,
     Resolution,
     from_ms,

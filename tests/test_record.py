@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.metric_ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
 from servewatch.config import load_config
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig

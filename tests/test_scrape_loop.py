@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from servewatch.collectors.metric_ingest import MetricIngestReport, Page
-from servewatch.collectors.scrape_loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
-from servewatch.collectors.scrape_schedule import schedule_for
+from servewatch.collectors.metrics.ingest import MetricIngestReport, Page
+from servewatch.collectors.scrape.loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape.schedule import schedule_for
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter
-from servewatch.collectors.targets import Target, TargetKind
 from servewatch.scraping import PageBatcher
 from servewatch.store import Store
 from tests.conftest import SAMPLE_PAGE, free_port

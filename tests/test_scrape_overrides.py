@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servewatch.collectors.targets import TargetError, duration_s, parse_file_sd
+from servewatch.collectors.scrape.targets import TargetError, duration_s, parse_file_sd
 from servewatch.config import ConfigError, parse_config
 from servewatch.scraping import TargetResolver, scheduled_targets
 

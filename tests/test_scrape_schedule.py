@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servewatch.collectors.scrape_schedule import (
+from servewatch.collectors.scrape.schedule import (
     TargetSchedule,
     catch_up,
     lag_s,
@@ -18,7 +18,7 @@ from servewatch.collectors.scrape_schedule import (
     offset_s,
     schedule_for,
 )
-from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.scrape.targets import Target, TargetKind
 
 EPOCH_S = 1_795_046_400.0  # 2026-11-19T00:00:00Z
 

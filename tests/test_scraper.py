@@ -10,9 +10,9 @@ from datetime import datetime
 import httpx
 import pytest
 
-from servewatch.collectors.exposition import page_text
-from servewatch.collectors.scraper import ACCEPT, scrape_target, scrape_targets
-from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.metrics.exposition import page_text
+from servewatch.collectors.scrape.scraper import ACCEPT, scrape_target, scrape_targets
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from tests.conftest import free_port
 
 PAGE = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3\n'

@@ -20,9 +20,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.scraper import ScrapeResult
-from servewatch.collectors.targets import Target, TargetKind
-from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.collectors.scrape.scraper import ScrapeResult
+from servewatch.collectors.scrape.targets import Target, TargetKind
+from servewatch.collectors.traces.ingest import ingest_trace_files
 from servewatch.scraping import TargetHealth
 from servewatch.service import SelfMetrics, Service, serve_health
 from servewatch.store import Store

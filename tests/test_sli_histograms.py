@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.metric_ingest import Page, ingest_pages
-from servewatch.collectors.targets import Target, TargetKind
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.pipeline.promql import histogram_quantile, increase
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report, points_window

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.collectors.traces.ingest import ingest_trace_files
 from servewatch.service import Service
 from servewatch.store import Store, StoreError
 from tests.conftest import FIXTURES, free_port

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.replay import replay_fixture
+from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.pipeline.request_minutes import request_minutes
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.window import (

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from servewatch.collectors.store_writer import NotCommittedError, StoreWriter
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 from servewatch.store import Store
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servewatch.collectors.targets import (
+from servewatch.collectors.scrape.targets import (
     FileSdSource,
     Target,
     TargetError,

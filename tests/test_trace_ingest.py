@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
-from servewatch.collectors.request_spans import SpanMapping
-from servewatch.collectors.trace_ingest import ingest_trace_files
+from servewatch.collectors.traces.ingest import ingest_trace_files
+from servewatch.collectors.traces.request_spans import SpanMapping
 from servewatch.store import Store
 from tests.conftest import FIXTURES
 

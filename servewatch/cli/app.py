@@ -15,9 +15,9 @@ import typer
 from typer.core import TyperGroup
 
 from servewatch import __version__
-from servewatch.collectors.metric_ingest import MetricIngestReport
+from servewatch.collectors.metrics.ingest import MetricIngestReport
 from servewatch.collectors.service_api import ServiceApiError, fetch_window
-from servewatch.collectors.trace_ingest import IngestReport
+from servewatch.collectors.traces.ingest import IngestReport
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.pipeline.instants import parse_instant
 from servewatch.pipeline.window import Window, WindowQuery

@@ -20,8 +20,8 @@ from servewatch.cli.app import (
     load_config_or_fail,
     open_store,
 )
-from servewatch.collectors.prometheus_api import PrometheusApiError
-from servewatch.collectors.prometheus_reader import ImportWindow, Resolution
+from servewatch.collectors.prometheus.api import PrometheusApiError
+from servewatch.collectors.prometheus.reader import ImportWindow, Resolution
 from servewatch.pipeline.instants import parse_duration
 from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
 from servewatch.render import err_console, labelled, out_console, print_json

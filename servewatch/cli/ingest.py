@@ -31,12 +31,12 @@ from servewatch.cli.app import (
     metric_json,
     open_store,
 )
-from servewatch.collectors.exposition import page_text
-from servewatch.collectors.fixture_folder import FixtureError
-from servewatch.collectors.metric_ingest import Page, ingest_pages
-from servewatch.collectors.replay import fixture_page_count, replay_fixture
-from servewatch.collectors.targets import Target, TargetKind
-from servewatch.collectors.trace_ingest import IngestReport, ingest_trace_files, text_size
+from servewatch.collectors.fixture.folder import FixtureError
+from servewatch.collectors.fixture.replay import fixture_page_count, replay_fixture
+from servewatch.collectors.metrics.exposition import page_text
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.scrape.targets import Target, TargetKind
+from servewatch.collectors.traces.ingest import IngestReport, ingest_trace_files, text_size
 from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
 from servewatch.recording import record as record_live
 from servewatch.render import (

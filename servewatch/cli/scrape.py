@@ -23,7 +23,7 @@ from servewatch.cli.app import (
     open_store,
 )
 from servewatch.cli.imports import import_prometheus_range
-from servewatch.collectors.metric_ingest import MetricIngestReport
+from servewatch.collectors.metrics.ingest import MetricIngestReport
 from servewatch.render import (
     err_console,
     labelled,

@@ -21,8 +21,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from servewatch.collectors.otlp_json import AttrValue, DecodedRequest, OtlpJsonError, Span
-from servewatch.collectors.request_spans import RequestRows, SpanMappingError
+from servewatch.collectors.traces.otlp_json import AttrValue, DecodedRequest, OtlpJsonError, Span
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMappingError
 
 
 class OtlpProtobufError(ValueError):

@@ -25,7 +25,7 @@ from enum import StrEnum
 
 import polars as pl
 
-from servewatch.collectors.catalogue import Disposition
+from servewatch.collectors.metrics.catalogue import Disposition
 from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal, signal_table
 
 HOSTNAME_LABEL = "hostname"

@@ -38,18 +38,18 @@ from enum import Enum
 
 import polars as pl
 
-from servewatch.collectors.catalogue import CREATED_SUFFIX, Disposition, labels_json
-from servewatch.collectors.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
-from servewatch.collectors.prometheus_api import (
+from servewatch.collectors.metrics.catalogue import CREATED_SUFFIX, Disposition, labels_json
+from servewatch.collectors.metrics.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
+from servewatch.collectors.metrics.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
+from servewatch.collectors.prometheus.api import (
     MAX_POINTS_PER_SERIES,
     AnswerProblem,
     Matrix,
     PrometheusApi,
     promql_string,
 )
-from servewatch.collectors.targets import Target, TargetKind, targets_frame
-from servewatch.collectors.trace_ingest import Reject, rejects_frame
-from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
+from servewatch.collectors.scrape.targets import Target, TargetKind, targets_frame
+from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
 

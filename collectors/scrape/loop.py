@@ -1,6 +1,6 @@
 """The scrape loop: every target scraped on its own schedule, concurrently, on one event loop.
 
-Each target has one task that sleeps to its next slot (collectors/scrape_schedule.py), scrapes
+Each target has one task that sleeps to its next slot (collectors/scrape/schedule.py), scrapes
 with the target's timeout and hands the outcome to an observer. The next slot is chosen after
 the scrape has finished, so a target's scrapes cannot overlap; a slot that passed meanwhile is
 skipped and reported, never stacked. A slow or dead target holds only its own task, never the
@@ -24,14 +24,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from servewatch.collectors.scrape_schedule import (
+from servewatch.collectors.scrape.schedule import (
     TargetSchedule,
     catch_up,
     lag_s,
     next_after_scrape,
 )
-from servewatch.collectors.scraper import ScrapeResult, scrape_target
-from servewatch.collectors.targets import Target
+from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.scrape.targets import Target
 
 log = logging.getLogger("servewatch.scrape")
 

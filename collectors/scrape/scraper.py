@@ -17,8 +17,8 @@ from datetime import datetime
 
 import httpx
 
-from servewatch.collectors.exposition import page_text
-from servewatch.collectors.targets import Target
+from servewatch.collectors.metrics.exposition import page_text
+from servewatch.collectors.scrape.targets import Target
 from servewatch.store import Clock, utc_now
 
 ACCEPT = (

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
-from servewatch.collectors.otlp_json import read_trace_file
-from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.collectors.traces.otlp_json import read_trace_file
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
 from servewatch.pipeline.tables import INGEST_ERRORS_SCHEMA
 from servewatch.store import Store
 

@@ -18,19 +18,16 @@ Values need no conversion: vLLM already speaks seconds, tokens and fractions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import polars as pl
 
-from servewatch.collectors.catalogue import (
+from servewatch.collectors.metrics.catalogue import (
     Catalogue,
-    CataloguedSample,
     CatalogueEntry,
-    ExposedSample,
     SourceRule,
     catalogue_frame,
-    catalogue_page,
 )
 from servewatch.pipeline.signals import SIGNALS, MetricType, Signal, Source
 
@@ -117,11 +114,6 @@ VLLM_CATALOGUE = Catalogue(
 )
 
 
-def catalogue_vllm(samples: Iterable[ExposedSample]) -> list[CataloguedSample]:
-    """One vLLM page catalogued: one result per sample, in order (see `catalogue_page`)."""
-    return catalogue_page(samples, catalogue=VLLM_CATALOGUE)
-
-
 def catalogue_vllm_frame(samples: pl.LazyFrame, *, page_by: Sequence[str] = ()) -> pl.LazyFrame:
-    """Many vLLM pages catalogued at once (see `collectors.catalogue.catalogue_frame`)."""
+    """Many vLLM pages catalogued at once (see `collectors.metrics.catalogue.catalogue_frame`)."""
     return catalogue_frame(samples, catalogue=VLLM_CATALOGUE, page_by=page_by)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from servewatch.collectors.targets import Target
+from servewatch.collectors.scrape.targets import Target
 
 # Slot arithmetic in whole microseconds: float division of epoch seconds by the interval would
 # put a slot a rounding error before or after itself. Not nanoseconds: a float epoch instant

@@ -1,23 +1,19 @@
 """Catalogues: how exposed samples map onto the canonical signals (`pipeline.signals`).
 
-A catalogue (the vLLM and DCGM ones are `collectors/vllm_catalogue.py` and
-`collectors/dcgm_catalogue.py`) is data: a `Catalogue` of `CatalogueEntry` rows, one per sample
-name as exposed. `catalogue_page` applies it to one page of exposed samples (anything with
-`metric`, `labels`, `value`, as the exposition parser's `Sample` has); `catalogue_frame` is the
-same mapping as a Polars transform for pages by the thousand. Every input sample comes out with
-a `Disposition`: catalogued, or counted as unknown, `_created` or shadowed, never silently
-dropped; `kept` / `kept_rows` choose what is stored.
+A catalogue (the vLLM and DCGM ones are `metrics/vllm_catalogue.py` and
+`metrics/dcgm_catalogue.py`) is data: a `Catalogue` of `CatalogueEntry` rows, one per sample
+name as exposed. `catalogue_frame` applies it to pages of exposed samples as a Polars transform
+(pages by the thousand). Every input sample comes out with a `Disposition`: catalogued, or
+counted as unknown, `_created` or shadowed, never silently dropped; `kept_rows` chooses what is
+stored. (The tests hold it to a sample-by-sample oracle, tests/catalogue_oracle.py.)
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
-from typing import Protocol
 
 import orjson
 import polars as pl
@@ -32,44 +28,6 @@ class Disposition(StrEnum):
     UNKNOWN = "unknown"  # a family no catalogue knows: counted, stored only on request
     CREATED = "created"  # a `<name>_created` timestamp: never a count, never stored
     SHADOWED = "shadowed"  # an old alias sent beside its current name on the same page
-
-
-class ExposedSample(Protocol):
-    """One sample as exposed: its sample name (`metric`), labels and value."""
-
-    @property
-    def metric(self) -> str: ...
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def value(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class RawSample:
-    """An `ExposedSample` of one's own making (tests, readers other than the parser)."""
-
-    metric: str
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True)
-class CataloguedSample:
-    """A sample mapped onto its signal; `exposed` is its name as exposed, `metric` canonical.
-
-    `value` is in the signal's unit; None where the exporter said "no data". For samples that
-    are not catalogued, `metric`, `labels` (empty ones dropped) and `value` are as exposed.
-    """
-
-    exposed: str
-    disposition: Disposition
-    signal: Signal | None
-    source: Source
-    metric: str
-    family: str
-    labels: Mapping[str, str]
-    value: float | None
 
 
 @dataclass(frozen=True)
@@ -164,129 +122,12 @@ class Catalogue:
 
 CREATED_SUFFIX = "_created"
 # The family stem of a name no catalogue knows: histogram, counter and _created suffixes off.
-_STEM_SUFFIXES = "(?:_bucket|_sum|_count|_total|_created)"
-_STEM_RE = re.compile(_STEM_SUFFIXES + r"\Z")
-_STEM_PATTERN = _STEM_SUFFIXES + "$"  # the same, in the regex dialect Polars speaks
-
-
-def family_stem(name: str) -> str:
-    return _STEM_RE.sub("", name, count=1)
+_STEM_PATTERN = "(?:_bucket|_sum|_count|_total|_created)$"
 
 
 def labels_json(labels: Mapping[str, str]) -> str:
     """Canonical label encoding (the store's `series.labels`): compact JSON, keys sorted."""
     return orjson.dumps(dict(labels), option=orjson.OPT_SORT_KEYS).decode()
-
-
-def canonical_labels(
-    labels: Mapping[str, str], *, renames: Sequence[tuple[str, str]] = ()
-) -> dict[str, str]:
-    """Labels renamed (a renamed label replaces one already there), empty ones dropped.
-
-    Prometheus treats an empty label as an absent one, so two series that differ only by an
-    empty label are the same series.
-    """
-    olds = {old for old, _ in renames}
-    out = {key: value for key, value in labels.items() if key not in olds}
-    for old, new in renames:
-        if old in labels:
-            out[new] = labels[old]
-    return {key: out[key] for key in sorted(out) if out[key] != ""}
-
-
-def normalised_value(raw: float, entry: CatalogueEntry) -> float | None:
-    # Compared as a float, as the value arrived in text: the int64 sentinels all round to 2**63.
-    raw = float(raw)
-    if entry.blank_at is not None and raw >= entry.blank_at:
-        return None
-    value = raw * entry.scale
-    if entry.clamp is not None:
-        low, high = entry.clamp
-        value = min(max(value, low), high)
-    return value
-
-
-def catalogue_page(
-    samples: Iterable[ExposedSample], *, catalogue: Catalogue
-) -> list[CataloguedSample]:
-    """Catalogue one page: one `CataloguedSample` per input sample, in input order."""
-    out: list[CataloguedSample] = []
-    current: set[tuple[str, str]] = set()
-    for sample in samples:
-        labels = canonical_labels(sample.labels, renames=catalogue.label_renames)
-        source = catalogue.source_rule.source(labels)
-        entry = catalogue.index.get(sample.metric)
-        if entry is None:
-            created = sample.metric.endswith(CREATED_SUFFIX)
-            out.append(
-                CataloguedSample(
-                    exposed=sample.metric,
-                    disposition=Disposition.CREATED if created else Disposition.UNKNOWN,
-                    signal=None,
-                    source=source,
-                    metric=sample.metric,
-                    family=family_stem(sample.metric),
-                    labels=labels,
-                    value=float(sample.value),
-                )
-            )
-            continue
-        if not entry.alias:
-            current.add((entry.metric, labels_json(labels)))
-        out.append(
-            CataloguedSample(
-                exposed=sample.metric,
-                disposition=Disposition.CATALOGUED,
-                signal=entry.signal,
-                source=source,
-                metric=entry.metric,
-                family=entry.family,
-                labels=labels,
-                value=normalised_value(sample.value, entry),
-            )
-        )
-    return [_shadow(sample, catalogue=catalogue, current=current) for sample in out]
-
-
-def _shadow(
-    sample: CataloguedSample, *, catalogue: Catalogue, current: set[tuple[str, str]]
-) -> CataloguedSample:
-    # vLLM 0.9-0.11 sends deprecated names beside their successors with the same numbers:
-    # storing both would double every count.
-    if (
-        sample.disposition is not Disposition.CATALOGUED
-        or not catalogue.index[sample.exposed].alias
-    ):
-        return sample
-    if (sample.metric, labels_json(sample.labels)) not in current:
-        return sample
-    return replace(sample, disposition=Disposition.SHADOWED)
-
-
-def kept(
-    samples: Iterable[CataloguedSample], *, keep_unknown: bool = False
-) -> list[CataloguedSample]:
-    """The samples to store: catalogued ones, and unknown ones too when asked."""
-    wanted = {Disposition.CATALOGUED} | ({Disposition.UNKNOWN} if keep_unknown else set())
-    return [sample for sample in samples if sample.disposition in wanted]
-
-
-@dataclass(frozen=True)
-class CatalogueTally:
-    """What a catalogue did with a batch: samples per disposition, unknown samples per family."""
-
-    dispositions: Mapping[Disposition, int]
-    unknown_families: Mapping[str, int]
-
-
-def tally(samples: Iterable[CataloguedSample]) -> CatalogueTally:
-    dispositions: Counter[Disposition] = Counter()
-    unknown: Counter[str] = Counter()
-    for sample in samples:
-        dispositions[sample.disposition] += 1
-        if sample.disposition is Disposition.UNKNOWN:
-            unknown[sample.family] += 1
-    return CatalogueTally(dispositions=dict(dispositions), unknown_families=dict(unknown))
 
 
 # -- the same, vectorised -----------------------------------------------------------------------

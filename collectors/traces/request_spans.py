@@ -20,7 +20,7 @@ from typing import cast
 
 import polars as pl
 
-from servewatch.collectors.otlp_json import STATUS_ERROR, AttrValue, Span
+from servewatch.collectors.traces.otlp_json import STATUS_ERROR, AttrValue, Span
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 EMULATED_ATTRIBUTE = "servewatch.emulated"

@@ -1,6 +1,6 @@
 """A batch of exposition pages (one scrape round of a fleet) parsed into one sample frame.
 
-This module owns the batched form of `collectors.exposition`: the pages share one
+This module owns the batched form of `collectors.metrics.exposition`: the pages share one
 `SeriesCache`, so replicas that expose the same series (every replica of a pool serving one
 model does) cost one parse of each series key and label set, and their samples come back as a
 single Polars frame with a `page` column, ready to be joined to scrape targets and stored.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from servewatch.collectors.exposition import (
+from servewatch.collectors.metrics.exposition import (
     SAMPLES_SCHEMA,
     ParsedPage,
     SeriesCache,

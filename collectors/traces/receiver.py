@@ -42,11 +42,15 @@ import orjson
 import polars as pl
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from servewatch.collectors.otlp_json import DecodedRequest, decode_trace_request
-from servewatch.collectors.otlp_protobuf import MappedRequest, OtlpProtobufError, map_request_spans
-from servewatch.collectors.request_spans import RequestRows, SpanMapping, SpanMappingError
 from servewatch.collectors.store_writer import NotCommittedError
-from servewatch.collectors.trace_ingest import Reject
+from servewatch.collectors.traces.ingest import Reject
+from servewatch.collectors.traces.otlp_json import DecodedRequest, decode_trace_request
+from servewatch.collectors.traces.otlp_protobuf import (
+    MappedRequest,
+    OtlpProtobufError,
+    map_request_spans,
+)
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
 
 TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"

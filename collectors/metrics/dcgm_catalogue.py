@@ -19,20 +19,17 @@ The rename table is data (`DCGM_FIELDS`) so that a wrong row is a one-line fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 import polars as pl
 
-from servewatch.collectors.catalogue import (
+from servewatch.collectors.metrics.catalogue import (
     Catalogue,
-    CataloguedSample,
     CatalogueEntry,
-    ExposedSample,
     SourceRule,
     catalogue_frame,
-    catalogue_page,
 )
 from servewatch.pipeline.signals import Signal, Source
 
@@ -211,11 +208,6 @@ DCGM_CATALOGUE = Catalogue(
 )
 
 
-def catalogue_dcgm(samples: Iterable[ExposedSample]) -> list[CataloguedSample]:
-    """One dcgm-exporter page catalogued: one result per sample, in order."""
-    return catalogue_page(samples, catalogue=DCGM_CATALOGUE)
-
-
 def catalogue_dcgm_frame(samples: pl.LazyFrame, *, page_by: Sequence[str] = ()) -> pl.LazyFrame:
-    """Many dcgm-exporter pages catalogued at once (see `collectors.catalogue.catalogue_frame`)."""
+    """Many dcgm-exporter pages catalogued at once (see `catalogue.catalogue_frame`)."""
     return catalogue_frame(samples, catalogue=DCGM_CATALOGUE, page_by=page_by)

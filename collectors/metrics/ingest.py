@@ -17,19 +17,19 @@ from datetime import datetime
 
 import polars as pl
 
-from servewatch.collectors.catalogue import (
+from servewatch.collectors.metrics.catalogue import (
     Catalogue,
     CatalogueEntry,
     Disposition,
     catalogue_frame,
     entry_value,
 )
-from servewatch.collectors.dcgm_catalogue import DCGM_CATALOGUE
-from servewatch.collectors.exposition import LineError, ParsedPage, SeriesCache
-from servewatch.collectors.exposition_batch import parse_expositions
-from servewatch.collectors.targets import Target, TargetKind, targets_frame
-from servewatch.collectors.trace_ingest import Reject, rejects_frame
-from servewatch.collectors.vllm_catalogue import VLLM_CATALOGUE
+from servewatch.collectors.metrics.dcgm_catalogue import DCGM_CATALOGUE
+from servewatch.collectors.metrics.exposition import LineError, ParsedPage, SeriesCache
+from servewatch.collectors.metrics.exposition_batch import parse_expositions
+from servewatch.collectors.metrics.vllm_catalogue import VLLM_CATALOGUE
+from servewatch.collectors.scrape.targets import Target, TargetKind, targets_frame
+from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
 

@@ -1,0 +1,1 @@
+"""Scraping: targets, the HTTP scraper, per-target schedules and the scrape loop."""
