@@ -33,7 +33,7 @@ from servewatch.dashboards.panel import (
     series_lines,
     titled,
 )
-from servewatch.pipeline.request_minutes import with_minute
+from servewatch.pipeline.request_minutes import latency_percentile, with_minute
 from servewatch.pipeline.request_sli import with_tpot
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
@@ -94,12 +94,11 @@ def latency_from_requests(
 ) -> pl.LazyFrame:
     """Fleet percentiles per minute over successful requests (the minute they finished in)."""
     column = stat.request_column
-    values = pl.col(column).filter(pl.col("ok") & pl.col(column).is_not_null())
     wide = (
         requests.pipe(with_tpot)
         .pipe(with_minute)
         .group_by("minute_ts")
-        .agg(values.quantile(p / 100, interpolation="linear").alias(f"p{p}") for p in percentiles)
+        .agg(latency_percentile(column, p).alias(f"p{p}") for p in percentiles)
     )
     return (
         wide.unpivot(index="minute_ts", variable_name="percentile", value_name="latency_s")

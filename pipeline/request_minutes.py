@@ -54,13 +54,26 @@ def with_minute(requests: pl.LazyFrame) -> pl.LazyFrame:
     return requests.with_columns(minute_ts=pl.col("end_ts").dt.truncate(MINUTE))
 
 
+# The latencies a minute rollup describes (request column after `with_tpot`, column stem),
+# and at which percentiles: `request_minutes` holds `{stem}_p{percentile}_s` for each.
+MINUTE_LATENCIES = (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"))
+MINUTE_PERCENTILES = (50, 95, 99)
+
+
+def latency_percentile(column: str, percentile: float) -> pl.Expr:
+    """The `percentile` of a latency column over the successful requests of a group, linearly
+    interpolated (as DuckDB's `quantile_cont`, which the store's rollup uses with the same
+    percentiles): the one definition of a per-minute latency percentile."""
+    return pl.col(column).filter(pl.col("ok")).quantile(percentile / 100, interpolation="linear")
+
+
 def request_minutes(requests: pl.LazyFrame) -> pl.LazyFrame:
     """One row per (replica, minute): counts, tokens and descriptive latency percentiles."""
     ok = pl.col("ok")
     latency = [
-        pl.col(column).filter(ok).quantile(q, interpolation="linear").alias(f"{stem}_p{p}_s")
-        for column, stem in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"))
-        for p, q in ((50, 0.5), (95, 0.95), (99, 0.99))
+        latency_percentile(column, p).alias(f"{stem}_p{p}_s")
+        for column, stem in MINUTE_LATENCIES
+        for p in MINUTE_PERCENTILES
     ]
     return (
         requests.pipe(with_tpot)

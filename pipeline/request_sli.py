@@ -40,14 +40,18 @@ class GoodputLimits:
         return self.ttft_s is None and self.tpot_s is None and self.e2e_s is None
 
 
+TPOT_SQL = (
+    "CASE WHEN completion_tokens > 1 "
+    "THEN coalesce(decode_s, e2e_s - ttft_s) / (completion_tokens - 1) END"
+)
+"""TPOT as vLLM defines it, over a `requests` row: decode time per output token after the
+first (e2e - TTFT where the span lacks the decode time), null for single-token outputs. One
+expression for both engines: Polars evaluates it here, the store's rollups in DuckDB."""
+
+
 def with_tpot(requests: pl.LazyFrame) -> pl.LazyFrame:
-    """Add `tpot_s`: decode time per output token after the first; null for 1-token outputs."""
-    decode_s = pl.coalesce(pl.col("decode_s"), pl.col("e2e_s") - pl.col("ttft_s"))
-    return requests.with_columns(
-        tpot_s=pl.when(pl.col("completion_tokens") > 1)
-        .then(decode_s / (pl.col("completion_tokens") - 1))
-        .otherwise(None)
-    )
+    """Add `tpot_s` (`TPOT_SQL`)."""
+    return requests.with_columns(tpot_s=pl.sql_expr(TPOT_SQL))
 
 
 def with_good(requests: pl.LazyFrame, *, limits: GoodputLimits) -> pl.LazyFrame:

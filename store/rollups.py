@@ -14,6 +14,8 @@ from typing import Protocol
 import duckdb
 import polars as pl
 
+from servewatch.pipeline.request_minutes import MINUTE_LATENCIES, MINUTE_PERCENTILES
+from servewatch.pipeline.request_sli import TPOT_SQL
 from servewatch.pipeline.tables import (
     REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
@@ -22,13 +24,6 @@ from servewatch.pipeline.tables import (
 from servewatch.store.connection import StoreBase
 from servewatch.store.errors import StoreError
 from servewatch.store.sql import column_list
-
-# TPOT as `pipeline.request_sli.with_tpot` defines it: decode time per output token after the
-# first (e2e - TTFT where the span lacks the decode time); null for single-token outputs.
-_TPOT_SQL = (
-    "(CASE WHEN completion_tokens > 1 "
-    "THEN coalesce(decode_s, e2e_s - ttft_s) / (completion_tokens - 1) END)"
-)
 
 
 class GoodEventLimits(Protocol):
@@ -120,14 +115,17 @@ class MinuteRollups(StoreBase):
         """Recompute `request_minutes` (`pipeline.request_minutes.request_minutes`) for the
         requests that finished in `minutes` (all minutes when None) and swap them in with the
         new watermark (see `_swap_minute_rollup`)."""
+        # The percentiles `pipeline.request_minutes` defines, as DuckDB computes them.
+        fractions = ", ".join(repr(p / 100) for p in MINUTE_PERCENTILES)
+        expressions = {"tpot_s": f"({TPOT_SQL})"}
         latency = ", ".join(
-            f"quantile_cont({column}, [0.5, 0.95, 0.99]) AS {stem}_q"
-            for column, stem in (("ttft_s", "ttft"), (_TPOT_SQL, "tpot"), ("e2e_s", "e2e"))
+            f"quantile_cont({expressions.get(column, column)}, [{fractions}]) AS {stem}_q"
+            for column, stem in MINUTE_LATENCIES
         )
         picked = ", ".join(
             f"{stem}_q[{i}] AS {stem}_p{p}_s"
-            for stem in ("ttft", "tpot", "e2e")
-            for i, p in enumerate((50, 95, 99), start=1)
+            for _, stem in MINUTE_LATENCIES
+            for i, p in enumerate(MINUTE_PERCENTILES, start=1)
         )
         with self._wanted_minutes(minutes) as (where, params):
             # Successful and failed requests (`ok` is never null) in two passes joined per
@@ -188,7 +186,7 @@ class MinuteRollups(StoreBase):
                     condition = "ok"
                     for column, limit in (
                         ("ttft_s", criterion.ttft_limit_s),
-                        (f"coalesce({_TPOT_SQL}, 0)", criterion.tpot_limit_s),
+                        (f"coalesce({TPOT_SQL}, 0)", criterion.tpot_limit_s),
                         ("e2e_s", criterion.e2e_limit_s),
                     ):
                         if limit is not None:
