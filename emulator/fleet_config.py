@@ -581,6 +581,9 @@ def fleet_config_from_mapping(
 
 def load_fleet_config(path: Path | str) -> FleetConfig:
     """Read and validate a fleet TOML file."""
+    # Its own few lines rather than `slo.fields.read_toml`, which every other TOML file of the
+    # project goes through: the emulator imports nothing of the project, so that it compiles
+    # on its own (emulator/native.py) and runs without the analytics.
     location = Path(path)
     source = str(location)
     try:

@@ -4,9 +4,12 @@ the rest of this folder is the application shell: the `servewatch` CLI (`servewa
 configuration, the `run` service and the demo, thin wrappers that no room imports.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _version
 
 try:
-    __version__ = version("servewatch")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = _version("servewatch")
+except _NotInstalled:  # running from a source tree that was never installed
     __version__ = "0+unknown"
+
+__all__ = ["__version__"]

@@ -41,6 +41,18 @@ class StoreBase:
         empty: pl.DataFrame = self._con.sql(f"SELECT * FROM {identifier(table)} LIMIT 0").pl()
         return empty.schema
 
+    def tables(self) -> dict[str, tuple[str, ...]]:
+        """Every table and view of the schema (temporary ones aside), with its columns in
+        order: what docs/schema.md documents."""
+        rows = self._con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() "
+            "WHERE NOT internal AND database_name <> 'temp' ORDER BY table_name, column_index"
+        ).fetchall()
+        out: dict[str, list[str]] = {}
+        for table, column in rows:
+            out.setdefault(str(table), []).append(str(column))
+        return {table: tuple(columns) for table, columns in out.items()}
+
     def count(self, table: str) -> int:
         return self._scalar(f"SELECT count(*) FROM {identifier(table)}")
 
