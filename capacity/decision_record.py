@@ -6,6 +6,9 @@ table, the recommended fleet and its cost (and what the reserve costs), the risk
 with a measurement plan that could disprove the answer, and every input with its source. The
 JSON form is what the store keeps and scripts read; the Markdown form is for the design review.
 Non-finite numbers (an unbounded interval end) are `null` in JSON and "unbounded" in Markdown.
+
+Size: over 500 lines on purpose: the record's JSON and Markdown are two renderings of one
+document that change together; a field in one and not the other is what a split would invite.
 """
 
 from __future__ import annotations

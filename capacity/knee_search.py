@@ -19,6 +19,9 @@ the fleet.
 
 The interval: every bootstrap resample of the engine fit is searched again, with its own
 simulation seed, so both the fit's uncertainty and the simulation's noise widen it.
+
+Size: over 500 lines on purpose: the replayed shapes, the shared-prefix calibration and the
+bisection use one fitted engine and one check against the observed load.
 """
 
 from __future__ import annotations

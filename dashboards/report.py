@@ -6,6 +6,9 @@ best source wins: exact per-request traces over histogram quantiles, a metric's 
 a value derived from spans. A panel with no source is listed in `Report.omitted` with what it
 needs, so a short report says why it is short. Time frames are cut to the report window and all
 time axes share it, so charts line up when read one under another.
+
+Size: over 500 lines on purpose: it decides, panel by panel, which source wins and what an
+omitted panel needs; each panel's builder lives in its own module.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ Token accounting follows vLLM: a request's first token comes from the step that 
 prefill; each later token comes from one step in which it is counted in `decode_seqs` (a
 preempted request's recompute step counts, since it emits a token). Over a request's life the
 steps report exactly completion_tokens - 1 decode iterations for it.
+
+Size: over 500 lines on purpose: one state machine (step runs, KV blocks, the prefix cache,
+preemption) whose invariants cross every method; mypyc compiles it as one hot module
+(emulator/native.py), and the property tests hold it whole to a step-by-step oracle.
 """
 
 from __future__ import annotations

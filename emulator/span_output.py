@@ -13,6 +13,9 @@ Each replica process is one OpenTelemetry resource: `service.name=vllm`, `vllm.p
 A tenant, when the workload has one, is a span attribute `servewatch.tenant`, as a gateway in
 front of vLLM would add; so is the conversation (`gen_ai.conversation.id`), when the fleet's
 gateway is set to name it (`conversation_ids`).
+
+Size: over 500 lines on purpose: the SDK path and the fast JSON-lines path must emit the same
+spans, and the tests compare them side by side.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ that encoding (`PageTemplate`), because it writes pages by the thousand.
 
 Every page also carries the gauge `servewatch_emulated 1`, so it can never be taken for a page
 of a real fleet.
+
+Size: over 500 lines on purpose: it mirrors vLLM's metric families (names, labels, help texts,
+buckets) as one table beside the code that fills them.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ open-loop: every row arrives at its recorded offset.
 Prefix caching sees a request as a chain of segments, each a key and the prompt position
 where the segment ends (`PrefixSegment`): a tenant's system prompt, then the conversation's
 history. Two requests share cached blocks exactly as far as their chains agree.
+
+Size: over 500 lines on purpose: the arrival processes, length distributions and conversation
+sources share the seeded random streams, whose draw order every fixture's reproducibility
+depends on.
 """
 
 from __future__ import annotations

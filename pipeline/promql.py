@@ -14,6 +14,10 @@ Two details that look incidental are reproduced on purpose:
 Scalar forms take plain Python values; the frame forms are `LazyFrame -> LazyFrame` transforms
 over many groups or series that agree with the scalar forms (tests hold them to it).
 docs/promql.md describes the semantics and how the Prometheus oracle test works.
+
+Size: over 500 lines on purpose: each function mirrors one Go function of Prometheus 2.42 and
+they share its helpers (bucket order, extrapolation); promtool is the oracle of them all at
+once.
 """
 
 from __future__ import annotations

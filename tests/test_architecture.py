@@ -108,3 +108,20 @@ def test_analytics_packages_do_not_touch_the_network(package: str) -> None:
             continue
         used = project_imports(path) & NETWORK_MODULES
         assert not used, f"{path.relative_to(REPO_ROOT)} imports {sorted(used)}"
+
+
+MAX_MODULE_LINES = 520  # about 500: a few lines of slack, not a second budget
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_a_module_over_500_lines_says_why(package: str) -> None:
+    for path in package_files(package):
+        lines = path.read_text(encoding="utf-8").count("\n")
+        if lines <= MAX_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        assert "Size: over 500 lines on purpose:" in doc, (
+            f"{path.relative_to(REPO_ROOT)} has {lines} lines: split it, or say in its "
+            "docstring why it is one module (a paragraph starting 'Size: over 500 lines on "
+            "purpose:')"
+        )

@@ -19,6 +19,10 @@ names, label sets and values in bulk, parsing each distinct series key and label
 Any page the fast path cannot vouch for is read again, line by line, by
 `parse_sample_line`, the reference grammar, which also words the errors and numbers the lines;
 both paths give the same result for any page the fast path accepts.
+
+Size: over 500 lines on purpose: one grammar, with a fast path for well-formed pages and a line-
+by-line path for the rest that must agree sample for sample; the differential and fuzz tests
+hold the two together.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ importing a range twice leaves the tables as they were. Malformed series or poin
 answer, and server warnings, are recorded in `ingest_errors` and the rest is kept; a failed
 query stops the import with `PrometheusApiError` (chunks written before it stay written, and a
 rerun fills in the rest).
+
+Size: over 500 lines on purpose: the import plan, its chunks and both resolutions (step, raw)
+write the same rows and resume the same way.
 """
 
 from __future__ import annotations
