@@ -136,6 +136,7 @@ def hour_of_requests(hour: int, *, per_s: float, seed: int) -> pl.DataFrame:
         source=pl.lit("bench"),
         # Ingested a few seconds after completion, as a Collector batch would deliver them.
         ingested_ts=pl.col("end_ts") + pl.duration(seconds=5),
+        conversation_id=pl.lit(None, dtype=pl.String),
     ).cast(REQUESTS_SCHEMA)
 
 

@@ -27,7 +27,6 @@ from servewatch.pipeline.metric_sli import (
     gauge_table,
     histogram_quantiles,
     latency_quantiles,
-    series_dimensions,
     with_host_replicas,
 )
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
@@ -216,7 +215,7 @@ def _cross_check(
     """TTFT p95 per window from traces against the same from vLLM's histogram, when scraped."""
     if window.stored_points is None or window_rows.height == 0:
         return []
-    dimensions = series_dimensions(window.series.lazy(), window.targets.lazy())
+    dimensions = window.dimensions()
     bounds = (
         dimensions.filter(pl.col("signal") == Signal.TTFT_S.value)
         .select(pl.col("le").drop_nulls().unique())
@@ -340,7 +339,7 @@ def histogram_section(
         return None
     # Range selectors include both edges; points_between excludes its upper bound.
     points = window.points_between(start, end + timedelta(microseconds=1))
-    dimensions = with_host_replicas(series_dimensions(window.series.lazy(), window.targets.lazy()))
+    dimensions = with_host_replicas(window.dimensions())
     scope = Scope(by.value)
     column = None if scope is Scope.FLEET else scope.value
     window_s = (end - start).total_seconds()

@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.tables import (
     POINTS_SCHEMA,
     REQUEST_MINUTES_SCHEMA,
@@ -87,6 +88,10 @@ class Window:
                     f"window frame {table} has columns {dict(frame.schema)}, expected "
                     f"{dict(schema)}"
                 )
+
+    def dimensions(self) -> pl.LazyFrame:
+        """Every series with its target's dimensions (`metric_sli.series_dimensions`)."""
+        return series_dimensions(self.series.lazy(), self.targets.lazy())
 
     def frames(self) -> dict[str, pl.DataFrame]:
         """The window's frames by table name (`WINDOW_TABLES` order)."""

@@ -15,7 +15,6 @@ import polars as pl
 from servewatch.health.detectors import default_detectors
 from servewatch.health.finding import Detector, Finding, HealthInputs
 from servewatch.pipeline.instants import format_instant
-from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.window import POINTS_LEAD, Window
 from servewatch.slo.alert_state import TableAlertStateStore
 from servewatch.slo.burn_rate import evaluation_minute
@@ -60,7 +59,7 @@ def health_inputs(
         start=start,
         end=end,
         points=_eager(window.points_between(start - POINTS_LEAD, end)),
-        dimensions=_eager(series_dimensions(window.series.lazy(), window.targets.lazy())),
+        dimensions=_eager(window.dimensions()),
         requests=_eager(window.requests_between(start, end)),
         targets=window.targets.lazy(),
         scrapes=_eager(window.scrapes_between(start, end)),

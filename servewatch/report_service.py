@@ -25,7 +25,6 @@ from servewatch.dashboards.report import (
 from servewatch.health.finding import Finding
 from servewatch.health_service import DEFAULT_VERSION_LABEL, health_findings
 from servewatch.pipeline.metric_frames import metric_minute_frames
-from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import build_sli_report
 from servewatch.pipeline.window import POINTS_LEAD, Window
@@ -71,7 +70,7 @@ def window_report(
         start, end = from_ts or stored.first, to_ts or stored.last + timedelta(minutes=1)
         metric_frames = metric_minute_frames(
             window.points_between(start - POINTS_LEAD, end),
-            series_dimensions(window.series.lazy(), window.targets.lazy()),
+            window.dimensions(),
             start=start,
             end=end,
         )

@@ -125,18 +125,20 @@ class Store(WindowReads, Results, RequestWrites, PointWrites):
             )
 
     def _check_length(self) -> None:
-        """Refuse a file shorter than the blocks its header counts (a copy or disk cut short):
-        DuckDB opens it and fails only on the first query that reads a missing block. Not
-        checked with a write-ahead log pending, whose replay may count blocks not yet written."""
+        """Refuse a file shorter than the blocks in use its header counts (a copy or disk cut
+        short): DuckDB opens it and fails only on the first query that reads a missing block.
+        Blocks in use, not all blocks: DuckDB truncates free blocks at the end of the file, so
+        a sound file may hold fewer blocks than its header's total. Not checked with a
+        write-ahead log pending, whose replay may count blocks not yet written."""
         row = self._con.execute("PRAGMA database_size").fetchone()
         assert row is not None
-        block_size, total_blocks = int(row[2]), int(row[3])
-        expected = FILE_HEADER_BYTES + block_size * total_blocks
+        block_size, used_blocks = int(row[2]), int(row[4])
+        expected = FILE_HEADER_BYTES + block_size * used_blocks
         length = Path(self.path).stat().st_size
         if length < expected:
             raise StoreDamagedError(
                 f"store {self.path} is damaged: {length:,} bytes, but its header counts "
-                f"{total_blocks} blocks ({expected:,} bytes; cut short?); {DAMAGED_ADVICE}"
+                f"{used_blocks} blocks in use ({expected:,} bytes; cut short?); {DAMAGED_ADVICE}"
             )
 
     def _use_allowed_cpus(self) -> None:
