@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -41,6 +42,30 @@ def poll(check: object, *, deadline_s: float, what: str) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+def start_run(config: Path, *, health_port: int) -> subprocess.Popen[str]:
+    """`servewatch run --config CONFIG` as a process, its /metrics, /healthz and API on
+    `health_port`."""
+    return subprocess.Popen(
+        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        text=True,
+    )
+
+
+def answers(url: str, status: int) -> Callable[[], bool]:
+    """A `poll` check: `url` answers with `status`."""
+
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=1).status_code == status
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
 def metric_value(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -70,23 +95,10 @@ listen = "127.0.0.1:{otlp_port}"
         encoding="utf-8",
     )
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
+    process = start_run(config, health_port=health_port)
     try:
         health = f"http://127.0.0.1:{health_port}"
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{health}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        poll(healthy, deadline_s=30, what="/healthz")
+        poll(answers(f"{health}/healthz", 200), deadline_s=30, what="/healthz")
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces", timeout=5)
         assert exporter.export(make_spans(20)) == SpanExportResult.SUCCESS
         exporter.shutdown()
@@ -141,23 +153,10 @@ def test_reading_commands_answer_while_run_holds_the_store(
     health_port = free_port()
     config = tmp_path / "servewatch.toml"
     config.write_text(f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\n', encoding="utf-8")
-    process = subprocess.Popen(
-        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        text=True,
-    )
+    process = start_run(config, health_port=health_port)
     try:
         api = f"http://127.0.0.1:{health_port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{api}/metrics", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        poll(up, deadline_s=30, what="the service's API")
+        poll(answers(f"{api}/metrics", 200), deadline_s=30, what="the service's API")
         held = runner.invoke(app, sli)
         assert held.exit_code == 0, held.output
         assert f"reading it through {api}" in " ".join(held.stderr.split())
@@ -375,23 +374,10 @@ def test_no_target_answering_is_warned_once(caplog: pytest.LogCaptureFixture) ->
 def test_run_with_every_target_dead_warns_and_reports_unhealthy(tmp_path: Path) -> None:
     health_port = free_port()
     config = dead_targets_config(tmp_path, count=2, failing_after=2)
-    process = subprocess.Popen(
-        [*SERVEWATCH, "run", "--config", str(config), "--health-port", str(health_port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        text=True,
-    )
+    process = start_run(config, health_port=health_port)
     try:
         health = f"http://127.0.0.1:{health_port}"
-
-        def unhealthy() -> bool:
-            try:
-                return httpx.get(f"{health}/healthz", timeout=1).status_code == 503
-            except httpx.HTTPError:
-                return False
-
-        poll(unhealthy, deadline_s=30, what="/healthz to answer 503")
+        poll(answers(f"{health}/healthz", 503), deadline_s=30, what="/healthz to answer 503")
         assert httpx.get(f"{health}/healthz", timeout=1).text.startswith(
             "no target answered: 2 of 2 targets failing: vllm-0 (ConnectError"
         )
