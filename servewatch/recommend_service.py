@@ -29,9 +29,7 @@ from servewatch.capacity.sizing import RateCapacity
 from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_minutes import MINUTE_S
 from servewatch.pipeline.metric_sli import series_dimensions
-from servewatch.pipeline.request_minutes import request_minutes
 from servewatch.store import Store
-from servewatch.store.rollups import REQUEST_MINUTES_VERSION
 
 FIT_SEED = 20261129
 HIT_RATIO_WINDOWS = 6  # at least this many windows for the hit ratio's spread, up to hourly
@@ -150,14 +148,8 @@ def measure(
         )
     else:
         column = _latency_column(requirement)
-        # A store written without its rollup (a reader may not run it): the minutes are
-        # counted from the window's requests, as the rollup counts them.
-        current = store.rollup_is_current("request_minutes", fingerprint=REQUEST_MINUTES_VERSION)
-        minutes = (
-            store.read_request_minutes(from_ts=window[0], to_ts=window[1])
-            if current
-            else request_minutes(requests)
-        ).filter(pl.col("replica").is_not_null())
+        stored, _ = store.current_request_minutes(requests, from_ts=window[0], to_ts=window[1])
+        minutes = stored.filter(pl.col("replica").is_not_null())
         if isinstance(requirement.replica, RateCapacity):
             frame = minutes.select(
                 "replica", load=pl.col("requests") / MINUTE_S, latency_p95_s=pl.col(column)

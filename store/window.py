@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import polars as pl
+
 from servewatch.pipeline.request_minutes import request_minutes
 from servewatch.pipeline.window import (
     POINTS_LEAD,
@@ -18,6 +20,21 @@ from servewatch.store.rollups import REQUEST_MINUTES_VERSION, MinuteRollups
 
 class WindowReads(Reads, MinuteRollups):
     """Reads a `Window` for the report, the SLI report and the detectors."""
+
+    def current_request_minutes(
+        self,
+        requests: pl.LazyFrame,
+        *,
+        from_ts: datetime | None = None,
+        to_ts: datetime | None = None,
+    ) -> tuple[pl.LazyFrame, bool]:
+        """`request_minutes` over [from_ts, to_ts), and whether the stored rollup served them.
+        A store written without its rollup (requests stored since the last one, and a reader
+        may not run it): the minutes are counted from `requests`, the same window's, as the
+        rollup would count them."""
+        if self.rollup_is_current("request_minutes", fingerprint=REQUEST_MINUTES_VERSION):
+            return self.read_request_minutes(from_ts=from_ts, to_ts=to_ts), True
+        return request_minutes(requests), False
 
     def read_window(
         self,
@@ -36,13 +53,8 @@ class WindowReads(Reads, MinuteRollups):
         )
         stored_points, stored_requests = self.points_range(), self.requests_range()
         requests = self.read_requests(from_ts=from_ts, to_ts=to_ts).collect()
-        current = self.rollup_is_current("request_minutes", fingerprint=REQUEST_MINUTES_VERSION)
-        # A store written without its rollup (requests stored since the last one): the
-        # window's minutes are counted from its requests, as the rollup would count them.
-        minutes = (
-            self.read_request_minutes(from_ts=from_ts, to_ts=to_ts).collect()
-            if current
-            else request_minutes(requests.lazy()).collect()
+        minutes, current = self.current_request_minutes(
+            requests.lazy(), from_ts=from_ts, to_ts=to_ts
         )
         return Window(
             from_ts=from_ts,
@@ -50,7 +62,7 @@ class WindowReads(Reads, MinuteRollups):
             points_from_ts=points_from,
             points_to_ts=points_to,
             requests=requests,
-            request_minutes=minutes,
+            request_minutes=minutes.collect(),
             request_minutes_current=current,
             slo_minutes=self.read_slo_minutes(from_ts=from_ts, to_ts=to_ts).collect(),
             points=self.read_points(
