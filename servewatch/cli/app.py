@@ -100,33 +100,16 @@ app = typer.Typer(
 )
 
 
-ingest_app = typer.Typer(
-    help="Read recorded telemetry files into the store.",
-    cls=Commands,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
+def command_group(name: str, help_text: str) -> typer.Typer:
+    """A command group (`servewatch NAME ...`) listed and formatted as the root is."""
+    group = typer.Typer(help=help_text, cls=Commands, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(group, name=name)
+    return group
 
 
-app.add_typer(ingest_app, name="ingest")
-
-
-slo_app = typer.Typer(
-    help="SLOs: status, error budgets, burn rates and Prometheus rules.",
-    cls=Commands,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
-
-
-app.add_typer(slo_app, name="slo")
-import_app = typer.Typer(
-    help="Import a fleet's history from the stores it already keeps.",
-    cls=Commands,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
-app.add_typer(import_app, name="import")
+ingest_app = command_group("ingest", "Read recorded telemetry files into the store.")
+slo_app = command_group("slo", "SLOs: status, error budgets, burn rates and Prometheus rules.")
+import_app = command_group("import", "Import a fleet's history from the stores it already keeps.")
 
 
 @dataclass
