@@ -90,6 +90,8 @@ def normalised_value(raw: float, entry: CatalogueEntry) -> float | None:
     raw = float(raw)
     if entry.blank_at is not None and raw >= entry.blank_at:
         return None
+    if raw in entry.blank_values:
+        return None
     value = raw * entry.scale
     if entry.clamp is not None:
         low, high = entry.clamp

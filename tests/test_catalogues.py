@@ -28,6 +28,8 @@ from servewatch.collectors.metrics.catalogue import (
 from servewatch.collectors.metrics.dcgm_catalogue import (
     DCGM_CATALOGUE,
     DCGM_FIELDS,
+    DcgmField,
+    FieldType,
     canonical_names,
     catalogue_dcgm_frame,
 )
@@ -46,7 +48,7 @@ from servewatch.collectors.metrics.vllm_catalogue import (
     VLLM_FAMILIES,
     catalogue_vllm_frame,
 )
-from servewatch.pipeline.signals import SIGNALS, Signal, Source
+from servewatch.pipeline.signals import SIGNALS, MetricType, Signal, Source
 from tests.catalogue_oracle import (
     CataloguedSample,
     RawSample,
@@ -424,6 +426,55 @@ def test_dcgm_sentinels_become_null(name: str, raw: float, value: float | None) 
     out = one(name, float(raw))
     assert out.disposition is C
     assert out.value == (None if value is None else pytest.approx(value))
+
+
+# Every sentinel DCGM or NVML writes, by the width it is written in (dcgm_structs.h; NVML's
+# "unavailable" is an unsigned 32-bit all-ones).
+SENTINELS_BY_WIDTH: dict[str, tuple[float, ...]] = {
+    "int32": tuple(float(0x7FFFFFF0 + i) for i in range(4)),
+    "nvml": (float(0xFFFFFFFF),),
+    "int64": tuple(float(0x7FFFFFFFFFFFFFF0 + i) for i in range(4)),
+    "fp64": tuple(140737488355328.0 + i for i in range(4)),
+}
+
+
+def _arrives_in(field: DcgmField, width: str) -> bool:
+    """Whether a field's sentinel can arrive in `width`: every field gets its own width's, and
+    only a counter that legitimately runs through the 32-bit numbers is spared those."""
+    if width == "int64":
+        return field.value_type is not FieldType.FP64
+    if width == "fp64":
+        return field.value_type is not FieldType.INT64
+    counter = SIGNALS[field.signal].kind is MetricType.COUNTER
+    return not (field.value_type is FieldType.INT64 and counter)
+
+
+GENERATED_BLANKS = [
+    pytest.param(field.name, width, raw, id=f"{field.name}-{width}-{raw:.0f}")
+    for field in DCGM_FIELDS
+    for width, raws in SENTINELS_BY_WIDTH.items()
+    if _arrives_in(field, width)
+    for raw in raws
+]
+
+
+@pytest.mark.parametrize(("name", "width", "raw"), GENERATED_BLANKS)
+def test_a_dcgm_blank_of_each_width_is_stored_as_null(name: str, width: str, raw: float) -> None:
+    for exposed in (name, name + "_total"):
+        out = one(exposed, raw)
+        assert out.disposition is C, (exposed, width)
+        assert out.value is None, (exposed, width, raw)
+
+
+def test_every_dcgm_field_blanks_at_its_own_width_and_keeps_real_values() -> None:
+    # A value just under a sentinel is a reading, not a blank, unless the field is bounded far
+    # below 2**31; and a large counter passing the 32-bit numbers keeps counting.
+    energy = one("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", float(0xFFFFFFFF))
+    assert energy.value == pytest.approx(float(0xFFFFFFFF) * 1e-3)
+    clock = one("DCGM_FI_DEV_SM_CLOCK_HERTZ", 2_147_483_000.0)
+    assert clock.value == pytest.approx(2_147_483_000.0)
+    assert one("DCGM_FI_DEV_GPU_TEMP", float(0x7FFFFFEF)).value == pytest.approx(0x7FFFFFEF)
+    assert {f.value_type for f in DCGM_FIELDS} == set(FieldType)
 
 
 @pytest.mark.parametrize(

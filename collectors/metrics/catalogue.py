@@ -41,6 +41,7 @@ class CatalogueEntry:
     alias: bool = False  # an older spelling: the current one wins on the same page
     scale: float = 1.0  # raw value x scale = value in the signal's unit
     blank_at: float | None = None  # raw values at or above mean "no data"
+    blank_values: tuple[float, ...] = ()  # raw values that mean "no data" wherever they fall
     clamp: tuple[float, float] | None = None  # range of the normalised value
 
 
@@ -103,6 +104,7 @@ class Catalogue:
                 "_cat_alias": [e.alias for e in self.entries],
                 "_cat_scale": [e.scale for e in self.entries],
                 "_cat_blank_at": [e.blank_at for e in self.entries],
+                "_cat_blank_values": [list(e.blank_values) or None for e in self.entries],
                 "_cat_clamp_lo": [None if e.clamp is None else e.clamp[0] for e in self.entries],
                 "_cat_clamp_hi": [None if e.clamp is None else e.clamp[1] for e in self.entries],
             },
@@ -114,6 +116,7 @@ class Catalogue:
                 "_cat_alias": pl.Boolean(),
                 "_cat_scale": pl.Float64(),
                 "_cat_blank_at": pl.Float64(),
+                "_cat_blank_values": pl.List(pl.Float64()),
                 "_cat_clamp_lo": pl.Float64(),
                 "_cat_clamp_hi": pl.Float64(),
             },
@@ -212,11 +215,15 @@ def _source(rule: SourceRule) -> pl.Expr:
 
 def entry_value(value: pl.Expr) -> pl.Expr:
     """A sample's value as its entry stores it (scaled, blanked at a sentinel, clamped), from
-    the `_cat_scale`, `_cat_blank_at`, `_cat_clamp_lo` and `_cat_clamp_hi` columns that
-    `Catalogue.entry_frame` gives a sample's row (all null: the value as exposed, in float)."""
+    the `_cat_scale`, `_cat_blank_at`, `_cat_blank_values`, `_cat_clamp_lo` and `_cat_clamp_hi`
+    columns that `Catalogue.entry_frame` gives a sample's row (all null: the value as exposed,
+    in float)."""
     raw = value.cast(pl.Float64)
     # Polars orders NaN above every number; a NaN is not a sentinel, as in `normalised_value`.
-    blank = pl.col("_cat_blank_at").is_not_null() & ~raw.is_nan() & (raw >= pl.col("_cat_blank_at"))
+    at_or_above = (
+        pl.col("_cat_blank_at").is_not_null() & ~raw.is_nan() & (raw >= pl.col("_cat_blank_at"))
+    )
+    blank = at_or_above | pl.col("_cat_blank_values").list.contains(raw).fill_null(value=False)
     return (
         pl.when(blank)
         .then(None)
@@ -280,6 +287,7 @@ def catalogue_frame(
             "_cat_alias",
             "_cat_scale",
             "_cat_blank_at",
+            "_cat_blank_values",
             "_cat_clamp_lo",
             "_cat_clamp_hi",
         )

@@ -5,8 +5,10 @@ What it rests on (../shared/REFERENCE.md section 4; sources and doubts in docs/c
   changed unit (MHz -> Hz, mJ -> J, % -> ratio, MiB -> bytes, MB/s -> bytes/s). Both spellings
   are read and every value is stored in the newer unit (the signal's unit in
   `pipeline.signals`); the canonical metric name is the newer spelling;
-- DCGM marks "no data" with sentinels: int64 fields at or above 0x7ffffffffffffff0, fp64 fields
-  at or above 2**47 (140737488355328.0); such points are stored as null, never as numbers;
+- DCGM marks "no data" with sentinels of the field's width: int32 values at or above
+  0x7ffffff0, int64 at or above 0x7ffffffffffffff0, fp64 at or above 2**47 (140737488355328.0),
+  and NVML's "unavailable" is 0xFFFFFFFF; such points are stored as null, never as numbers
+  (`FieldType` says which apply to a field);
 - NVML utilisation is 0-100 % by definition, so values outside are clamped (after scaling,
   to 0-1); XID_ERRORS is the value of the last XID, a gauge, not a count;
 - labels: `Hostname` became `hostname` in 4.8.3, the driver label `DCGM_FI_DRIVER_VERSION`
@@ -31,22 +33,37 @@ from servewatch.collectors.metrics.catalogue import (
     SourceRule,
     catalogue_frame,
 )
-from servewatch.pipeline.signals import Signal, Source
+from servewatch.pipeline.signals import SIGNALS, MetricType, Signal, Source
 
 
 class FieldType(StrEnum):
-    """DCGM's value type for a field: it decides which sentinel means "no data"."""
+    """How wide a field's values arrive: it decides which sentinels mean "no data".
 
+    INT32 is a bounded integer (a temperature, a clock in MHz, a percentage, MiB, a count): its
+    value is far below 2**31, so everything from DCGM_INT32_BLANK up is a sentinel, whichever
+    width it came in (the int64 ones and NVML's 0xFFFFFFFF included). INT64 is an integer that
+    may legitimately pass 2**31 (bytes, Hz, energy): only the int64 range is blank, plus the
+    exact int32 and NVML sentinels when the field is a gauge (a counter such as energy in mJ
+    runs through those numbers on its way up). FP64 fields blank from DCGM_FP64_BLANK up and at
+    the exact int32 and NVML sentinels, which no ratio or wattage reaches.
+    """
+
+    INT32 = "int32"
     INT64 = "int64"
     FP64 = "fp64"
 
 
-# DCGM_INT64_BLANK and DCGM_FP64_BLANK: values at or above are "blank", "not found", "not
-# supported" and so on. As a float the int64 one rounds to 2**63.
+# DCGM_INT32_BLANK, DCGM_INT64_BLANK and DCGM_FP64_BLANK (dcgm_structs.h): values at or above
+# are "blank", "not found", "not supported" and "not permissioned". As a float the int64 one
+# rounds to 2**63.
 BLANK_AT: Mapping[FieldType, float] = {
+    FieldType.INT32: float(0x7FFFFFF0),
     FieldType.INT64: float(0x7FFFFFFFFFFFFFF0),
     FieldType.FP64: 140737488355328.0,
 }
+INT32_SENTINELS: tuple[float, ...] = tuple(float(0x7FFFFFF0 + i) for i in range(4))
+NVML_UNAVAILABLE = float(0xFFFFFFFF)
+EXACT_SENTINELS: tuple[float, ...] = (*INT32_SENTINELS, NVML_UNAVAILABLE)
 
 PERCENT = 0.01
 MEBIBYTE = 1024.0 * 1024.0
@@ -61,18 +78,27 @@ class DcgmField:
     name: str
     signal: Signal
     scale: float = 1.0
-    value_type: FieldType = FieldType.INT64
+    value_type: FieldType = FieldType.INT32
     legacy: bool = False  # the name before dcgm-exporter 4.9.0
 
+    def blanks(self) -> tuple[float, tuple[float, ...]]:
+        """The range threshold and exact values that mean "no data" for this field."""
+        exact = EXACT_SENTINELS
+        if self.value_type is FieldType.INT32 or (
+            self.value_type is FieldType.INT64 and SIGNALS[self.signal].kind is MetricType.COUNTER
+        ):
+            exact = ()
+        return BLANK_AT[self.value_type], exact
 
-_I, _F = FieldType.INT64, FieldType.FP64
+
+_W, _F = FieldType.INT64, FieldType.FP64
 
 DCGM_FIELDS: tuple[DcgmField, ...] = (
     # clocks: MHz before 4.9.0, Hz after
     DcgmField("DCGM_FI_DEV_SM_CLOCK", Signal.GPU_SM_CLOCK_HZ, MEGA, legacy=True),
-    DcgmField("DCGM_FI_DEV_SM_CLOCK_HERTZ", Signal.GPU_SM_CLOCK_HZ),
+    DcgmField("DCGM_FI_DEV_SM_CLOCK_HERTZ", Signal.GPU_SM_CLOCK_HZ, value_type=_W),
     DcgmField("DCGM_FI_DEV_MEM_CLOCK", Signal.GPU_MEMORY_CLOCK_HZ, MEGA, legacy=True),
-    DcgmField("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", Signal.GPU_MEMORY_CLOCK_HZ),
+    DcgmField("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", Signal.GPU_MEMORY_CLOCK_HZ, value_type=_W),
     # temperatures: renamed only
     DcgmField("DCGM_FI_DEV_GPU_TEMP", Signal.GPU_TEMPERATURE_C, legacy=True),
     DcgmField("DCGM_FI_DEV_GPU_TEMP_CELSIUS", Signal.GPU_TEMPERATURE_C),
@@ -81,8 +107,8 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     # power (W, fp64) renamed only; energy mJ before, J after
     DcgmField("DCGM_FI_DEV_POWER_USAGE", Signal.GPU_POWER_W, value_type=_F, legacy=True),
     DcgmField("DCGM_FI_DEV_BOARD_POWER_WATTS", Signal.GPU_POWER_W, value_type=_F),
-    DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", Signal.GPU_ENERGY_J, MILLI, legacy=True),
-    DcgmField("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", Signal.GPU_ENERGY_J),
+    DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", Signal.GPU_ENERGY_J, MILLI, _W, legacy=True),
+    DcgmField("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", Signal.GPU_ENERGY_J, value_type=_W),
     # NVML utilisation: % before, ratio (fp64) after
     DcgmField("DCGM_FI_DEV_GPU_UTIL", Signal.GPU_UTIL_RATIO, PERCENT, legacy=True),
     DcgmField("DCGM_FI_DEV_GPU_UTIL_RATIO", Signal.GPU_UTIL_RATIO, value_type=_F),
@@ -94,18 +120,18 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_DEC_UTIL_RATIO", Signal.GPU_DECODER_UTIL_RATIO, value_type=_F),
     # framebuffer: MiB before, bytes after (FB_TOTAL is not a default before 4.9.0)
     DcgmField("DCGM_FI_DEV_FB_FREE", Signal.GPU_FB_FREE_BYTES, MEBIBYTE, legacy=True),
-    DcgmField("DCGM_FI_DEV_FB_FREE_BYTES", Signal.GPU_FB_FREE_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_FREE_BYTES", Signal.GPU_FB_FREE_BYTES, value_type=_W),
     DcgmField("DCGM_FI_DEV_FB_USED", Signal.GPU_FB_USED_BYTES, MEBIBYTE, legacy=True),
-    DcgmField("DCGM_FI_DEV_FB_USED_BYTES", Signal.GPU_FB_USED_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_USED_BYTES", Signal.GPU_FB_USED_BYTES, value_type=_W),
     DcgmField("DCGM_FI_DEV_FB_RESERVED", Signal.GPU_FB_RESERVED_BYTES, MEBIBYTE, legacy=True),
-    DcgmField("DCGM_FI_DEV_FB_RESERVED_BYTES", Signal.GPU_FB_RESERVED_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_RESERVED_BYTES", Signal.GPU_FB_RESERVED_BYTES, value_type=_W),
     DcgmField("DCGM_FI_DEV_FB_TOTAL", Signal.GPU_FB_TOTAL_BYTES, MEBIBYTE, legacy=True),
-    DcgmField("DCGM_FI_DEV_FB_CAPACITY_BYTES", Signal.GPU_FB_TOTAL_BYTES),
+    DcgmField("DCGM_FI_DEV_FB_CAPACITY_BYTES", Signal.GPU_FB_TOTAL_BYTES, value_type=_W),
     # PCIe
     DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", Signal.GPU_PCIE_REPLAYS, legacy=True),
     DcgmField("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", Signal.GPU_PCIE_REPLAYS),
-    DcgmField("DCGM_FI_PROF_PCIE_TX_BYTES", Signal.GPU_PCIE_TX_BYTES_PER_S),
-    DcgmField("DCGM_FI_PROF_PCIE_RX_BYTES", Signal.GPU_PCIE_RX_BYTES_PER_S),
+    DcgmField("DCGM_FI_PROF_PCIE_TX_BYTES", Signal.GPU_PCIE_TX_BYTES_PER_S, value_type=_W),
+    DcgmField("DCGM_FI_PROF_PCIE_RX_BYTES", Signal.GPU_PCIE_RX_BYTES_PER_S, value_type=_W),
     # NVLink, all links: MB/s before (under two names), bytes/s after
     DcgmField(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", Signal.GPU_NVLINK_BYTES_PER_S, MEGA, legacy=True
@@ -113,7 +139,11 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField(
         "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", Signal.GPU_NVLINK_BYTES_PER_S, MEGA, legacy=True
     ),
-    DcgmField("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", Signal.GPU_NVLINK_BYTES_PER_S),
+    DcgmField(
+        "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
+        Signal.GPU_NVLINK_BYTES_PER_S,
+        value_type=_W,
+    ),
     # errors and row remapping: renamed only
     DcgmField("DCGM_FI_DEV_XID_ERRORS", Signal.GPU_LAST_XID, legacy=True),
     DcgmField("DCGM_FI_DEV_XID_ERROR", Signal.GPU_LAST_XID),
@@ -187,6 +217,7 @@ def _entries() -> Iterator[CatalogueEntry]:
     canonical = canonical_names()
     for f in DCGM_FIELDS:
         metric = canonical[f.signal]
+        blank_at, blank_values = f.blanks()
         for name in (f.name, f.name + COUNTER_SUFFIX):
             yield CatalogueEntry(
                 exposed=name,
@@ -195,7 +226,8 @@ def _entries() -> Iterator[CatalogueEntry]:
                 family=metric,
                 alias=f.legacy,
                 scale=f.scale,
-                blank_at=BLANK_AT[f.value_type],
+                blank_at=blank_at,
+                blank_values=blank_values,
                 clamp=CLAMPS.get(f.signal),
             )
 

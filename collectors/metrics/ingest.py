@@ -276,11 +276,18 @@ def _scrape_row(
 
 _KEY = ["metric", "labels"]
 _BY_KEY = ["canonical_metric", "canonical_labels", "family", "signal", "source", "disposition"]
-_VALUE_BY_KEY = ["_cat_scale", "_cat_blank_at", "_cat_clamp_lo", "_cat_clamp_hi"]
+_VALUE_BY_KEY = [
+    "_cat_scale",
+    "_cat_blank_at",
+    "_cat_blank_values",
+    "_cat_clamp_lo",
+    "_cat_clamp_hi",
+]
 _KEY_SCHEMA = pl.Schema(
     dict.fromkeys([*_KEY, *_BY_KEY], pl.String())
     | {"alias": pl.Boolean(), "rescales": pl.Boolean()}
     | dict.fromkeys(_VALUE_BY_KEY, pl.Float64())
+    | {"_cat_blank_values": pl.List(pl.Float64())}
 )
 MAX_CACHED_KEYS = 200_000
 
@@ -377,7 +384,12 @@ def _catalogued(samples: pl.DataFrame, *, catalogue: Catalogue) -> pl.LazyFrame:
 
 
 def _keeps_value(entry: CatalogueEntry) -> bool:
-    return entry.scale == 1.0 and entry.blank_at is None and entry.clamp is None
+    return (
+        entry.scale == 1.0
+        and entry.blank_at is None
+        and not entry.blank_values
+        and entry.clamp is None
+    )
 
 
 def _targets_frame(pages: Sequence[Page]) -> pl.DataFrame:
