@@ -17,9 +17,10 @@ from itertools import pairwise
 import polars as pl
 
 from servewatch.pipeline.promql import histogram_quantile_frame, increase_frame
-from servewatch.pipeline.signals import Signal
+from servewatch.pipeline.signals import ENGINE_SOURCES as ENGINES
+from servewatch.pipeline.signals import Signal, Source
 
-ENGINE_SOURCES = ("vllm_engine", "dcgm")
+ENGINE_SOURCES = (*(source.value for source in ENGINES), Source.DCGM.value)
 DIMENSIONS = ("replica", "host", "zone", "pool", "model")
 
 
@@ -220,6 +221,8 @@ COUNTERS: tuple[tuple[str, Signal], ...] = (
     ("preemptions", Signal.PREEMPTIONS),
     ("prefix_cache_hits_tokens", Signal.PREFIX_CACHE_HITS_TOKENS),
     ("prefix_cache_queries_tokens", Signal.PREFIX_CACHE_QUERIES_TOKENS),
+    ("spec_decode_draft_tokens", Signal.SPEC_DECODE_DRAFT_TOKENS),
+    ("spec_decode_accepted_tokens", Signal.SPEC_DECODE_ACCEPTED_TOKENS),
 )
 # Gauges: (column stem, signal, how the series of a group combine). Counts and power add up
 # over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the total);
@@ -231,6 +234,8 @@ GAUGES: tuple[tuple[str, Signal, str], ...] = (
     ("requests_waiting", Signal.REQUESTS_WAITING, "sum"),
     ("gpu_util_ratio", Signal.GPU_UTIL_RATIO, "mean"),
     ("gpu_power_w", Signal.GPU_POWER_W, "sum"),
+    # an engine's own hit-rate gauge (SGLang, TensorRT-LLM, vLLM V0), beside the counters' one
+    ("prefix_cache_hit_ratio_reported", Signal.PREFIX_CACHE_HIT_RATIO, "mean"),
 )
 
 
@@ -313,25 +318,52 @@ def counter_table(
     scope: Scope,
 ) -> pl.LazyFrame:
     """`sum by (group) (increase(c[range]))` of every counter of `COUNTERS`, one column each
-    (null where the group exposes no such series), and the prefix-cache hit ratio from the
-    two prefix-cache increases (`counter_ratio`). One row per group and window."""
+    (null where the group exposes no such series), the prefix-cache hit ratio from the two
+    prefix-cache increases (`counter_ratio`) and the speculative acceptance ratio (accepted /
+    draft tokens). One row per group and window.
+
+    An engine that counts hits but no lookups (SGLang, TensorRT-LLM, llama.cpp) looks up every
+    prompt token, so its prompt tokens are its lookups; that is decided per target, so a group
+    mixing engines divides hits by the lookups of the same targets."""
     signals = [signal.value for _, signal in COUNTERS]
     chosen = dimensions.filter(pl.col("signal").is_in(signals) & pl.col("le").is_null())
     by = [*scope.columns, "window_end_s"]
-    increases = _increases(
-        points, _group_series(chosen, scope), range_s=range_s, window_ends_s=window_ends_s
-    )
+    per_target = [*by, "target_id"]
+    series = chosen.select("series_id", "signal", "target_id", *scope.columns).unique()
+    increases = _increases(points, series, range_s=range_s, window_ends_s=window_ends_s)
     signal = pl.col("signal")
-    table = increases.group_by(by).agg(
+    targets = increases.group_by(per_target).agg(
         pl.when((signal == counter.value).any())
         .then(pl.col("increase").filter(signal == counter.value).sum())
         .alias(name)
         for name, counter in COUNTERS
     )
+    lookups = pl.when(pl.col("prefix_cache_hits_tokens").is_not_null()).then(
+        pl.coalesce("prefix_cache_queries_tokens", "prompt_tokens")
+    )
+    names = [name for name, _ in COUNTERS]
+    table = (
+        targets.with_columns(_lookups=lookups)
+        .group_by(by)
+        .agg(
+            *(pl.when(pl.col(n).is_not_null().any()).then(pl.col(n).sum()).alias(n) for n in names),
+            pl.when(pl.col("_lookups").is_not_null().any())
+            .then(pl.col("_lookups").sum())
+            .alias("_lookups"),
+        )
+    )
     hits = table.select(*by, increase=pl.col("prefix_cache_hits_tokens"))
-    queries = table.select(*by, increase=pl.col("prefix_cache_queries_tokens"))
+    queries = table.select(*by, increase=pl.col("_lookups"))
     ratio = counter_ratio(hits, queries, scope=scope, name="prefix_cache_hit_ratio")
-    return table.join(ratio, on=by, how="left", nulls_equal=True).sort(by, nulls_last=True)
+    accepted = table.select(*by, increase=pl.col("spec_decode_accepted_tokens"))
+    drafted = table.select(*by, increase=pl.col("spec_decode_draft_tokens"))
+    acceptance = counter_ratio(accepted, drafted, scope=scope, name="spec_decode_acceptance_ratio")
+    return (
+        table.drop("_lookups")
+        .join(ratio, on=by, how="left", nulls_equal=True)
+        .join(acceptance, on=by, how="left", nulls_equal=True)
+        .sort(by, nulls_last=True)
+    )
 
 
 def finish_reasons(

@@ -34,6 +34,10 @@ class Unit(StrEnum):
     JOULES = "J"
     BYTES = "bytes"
     BYTES_PER_SECOND = "bytes/s"
+    ITEMS = "items"  # multi-modal inputs
+    FLOPS = "flop"  # floating-point operations
+    TOKENS_PER_SECOND = "tokens/s"
+    UNIX_TIME = "unix s"  # a point in time, seconds since the epoch
     CODE = "code"  # an identifier (an XID number), not a quantity
     FLAG = "flag"  # 0 or 1
     INFO = "info"  # always 1; the labels carry the data
@@ -60,7 +64,21 @@ class Source(StrEnum):
 
     VLLM_ENGINE = "vllm_engine"
     VLLM_ROUTER = "vllm_router"
+    SGLANG_ENGINE = "sglang_engine"
+    TRTLLM_ENGINE = "trtllm_engine"
+    TGI_SERVER = "tgi_server"
+    LLAMACPP_SERVER = "llamacpp_server"
     DCGM = "dcgm"
+
+
+# Who serves requests: their series are an engine's own (router re-exports are not).
+ENGINE_SOURCES: tuple[Source, ...] = (
+    Source.VLLM_ENGINE,
+    Source.SGLANG_ENGINE,
+    Source.TRTLLM_ENGINE,
+    Source.TGI_SERVER,
+    Source.LLAMACPP_SERVER,
+)
 
 
 class Signal(StrEnum):
@@ -94,6 +112,45 @@ class Signal(StrEnum):
     ITERATION_TOKENS = "iteration_tokens"
     # vLLM configuration
     CACHE_CONFIG_INFO = "cache_config_info"
+    # engine state and counters beyond the core set (vLLM V1 loggers, V0, other engines)
+    PREFIX_CACHE_HIT_RATIO = "prefix_cache_hit_ratio"
+    CPU_PREFIX_CACHE_HIT_RATIO = "cpu_prefix_cache_hit_ratio"
+    CPU_KV_CACHE_USAGE_RATIO = "cpu_kv_cache_usage_ratio"
+    REQUESTS_SWAPPED = "requests_swapped"
+    PROMPT_THROUGHPUT_TOKENS_PER_S = "prompt_throughput_tokens_per_s"
+    GENERATION_THROUGHPUT_TOKENS_PER_S = "generation_throughput_tokens_per_s"
+    PROMPT_TOKENS_CACHED = "prompt_tokens_cached"
+    PROMPT_TOKENS_CACHED_BY_SOURCE = "prompt_tokens_cached_by_source"
+    PROMPT_TOKENS_RECOMPUTED = "prompt_tokens_recomputed"
+    EXTERNAL_PREFIX_CACHE_QUERIES_TOKENS = "external_prefix_cache_queries_tokens"
+    EXTERNAL_PREFIX_CACHE_HITS_TOKENS = "external_prefix_cache_hits_tokens"
+    MM_CACHE_QUERIES = "mm_cache_queries"
+    MM_CACHE_HITS = "mm_cache_hits"
+    SPEC_DECODE_DRAFTS = "spec_decode_drafts"
+    SPEC_DECODE_DRAFT_TOKENS = "spec_decode_draft_tokens"
+    SPEC_DECODE_ACCEPTED_TOKENS = "spec_decode_accepted_tokens"
+    SPEC_DECODE_ACCEPTED_TOKENS_BY_POSITION = "spec_decode_accepted_tokens_by_position"
+    SPEC_DECODE_EMITTED_TOKENS = "spec_decode_emitted_tokens"
+    SPEC_DECODE_ACCEPTANCE_RATIO = "spec_decode_acceptance_ratio"
+    SPEC_DECODE_EFFICIENCY_RATIO = "spec_decode_efficiency_ratio"
+    KV_OFFLOAD_BYTES = "kv_offload_bytes"
+    KV_OFFLOAD_TIME_S = "kv_offload_time_s"
+    KV_OFFLOAD_SIZE_BYTES = "kv_offload_size_bytes"
+    KV_OFFLOAD_CPU_CACHE_USAGE_RATIO = "kv_offload_cpu_cache_usage_ratio"
+    ESTIMATED_FLOPS_PER_GPU = "estimated_flops_per_gpu"
+    ESTIMATED_READ_BYTES_PER_GPU = "estimated_read_bytes_per_gpu"
+    ESTIMATED_WRITE_BYTES_PER_GPU = "estimated_write_bytes_per_gpu"
+    ENGINE_SLEEP_STATE = "engine_sleep_state"
+    LORA_REQUESTS_INFO = "lora_requests_info"
+    KV_BLOCK_LIFETIME_S = "kv_block_lifetime_s"
+    KV_BLOCK_IDLE_BEFORE_EVICT_S = "kv_block_idle_before_evict_s"
+    KV_BLOCK_REUSE_GAP_S = "kv_block_reuse_gap_s"
+    CORRUPTED_REQUESTS = "corrupted_requests"
+    REQUEST_MAX_GENERATION_TOKENS = "request_max_generation_tokens"
+    REQUEST_PARAMS_N = "request_params_n"
+    REQUEST_PARAMS_MAX_TOKENS = "request_params_max_tokens"
+    REQUEST_PREEMPTIONS = "request_preemptions"
+    REQUESTS_KV_FETCH_BY_STAGE = "requests_kv_fetch_by_stage"
     # DCGM, one GPU each
     GPU_SM_CLOCK_HZ = "gpu_sm_clock_hz"
     GPU_MEMORY_CLOCK_HZ = "gpu_memory_clock_hz"
@@ -122,6 +179,14 @@ class Signal(StrEnum):
     GPU_SM_OCCUPANCY_RATIO = "gpu_sm_occupancy_ratio"
     GPU_TENSOR_ACTIVE_RATIO = "gpu_tensor_active_ratio"
     GPU_DRAM_ACTIVE_RATIO = "gpu_dram_active_ratio"
+    GPU_FP64_ACTIVE_RATIO = "gpu_fp64_active_ratio"
+    GPU_FP32_ACTIVE_RATIO = "gpu_fp32_active_ratio"
+    GPU_FP16_ACTIVE_RATIO = "gpu_fp16_active_ratio"
+    GPU_VGPU_LICENSE_STATUS = "gpu_vgpu_license_status"
+    GPU_XID_EVENTS = "gpu_xid_events"  # XIDs seen in the exporter's window, by `xid`
+    GPU_HEALTH_STATUS = "gpu_health_status"  # DCGM health watch: 0 pass, 10 warn, 20 fail
+    GPU_CLOCK_EVENTS = "gpu_clock_events"  # samples with a throttle reason, by `clock_event`
+    GPU_P2P_STATUS = "gpu_p2p_status"
 
 
 @dataclass(frozen=True)
@@ -164,6 +229,45 @@ _SIGNAL_ROWS: tuple[tuple[Signal, Unit, MetricType, Aggregation, str], ...] = (
     (Signal.REQUEST_PREFILL_KV_COMPUTED_TOKENS, Unit.TOKENS, _H, _SUM, "prefill not cached"),
     (Signal.ITERATION_TOKENS, Unit.TOKENS, _H, _SUM, "tokens per engine step"),
     (Signal.CACHE_CONFIG_INFO, Unit.INFO, _I, Aggregation.NONE, "KV-cache configuration"),
+    (Signal.PREFIX_CACHE_HIT_RATIO, Unit.RATIO, _G, _MEAN, "prefix-cache hit rate, as reported"),
+    (Signal.CPU_PREFIX_CACHE_HIT_RATIO, Unit.RATIO, _G, _MEAN, "CPU prefix-cache hit rate (V0)"),
+    (Signal.CPU_KV_CACHE_USAGE_RATIO, Unit.RATIO, _G, _MEAN, "CPU swap space in use (V0)"),
+    (Signal.REQUESTS_SWAPPED, Unit.REQUESTS, _G, _SUM, "requests swapped to CPU (V0)"),
+    (Signal.PROMPT_THROUGHPUT_TOKENS_PER_S, Unit.TOKENS_PER_SECOND, _G, _SUM, "prefill rate"),
+    (Signal.GENERATION_THROUGHPUT_TOKENS_PER_S, Unit.TOKENS_PER_SECOND, _G, _SUM, "decode rate"),
+    (Signal.PROMPT_TOKENS_CACHED, Unit.TOKENS, _C, _SUM, "prompt tokens from a cache"),
+    (Signal.PROMPT_TOKENS_CACHED_BY_SOURCE, Unit.TOKENS, _C, _SUM, "cached tokens by tier"),
+    (Signal.PROMPT_TOKENS_RECOMPUTED, Unit.TOKENS, _C, _SUM, "cached tokens computed again"),
+    (Signal.EXTERNAL_PREFIX_CACHE_QUERIES_TOKENS, Unit.TOKENS, _C, _SUM, "KV-connector lookups"),
+    (Signal.EXTERNAL_PREFIX_CACHE_HITS_TOKENS, Unit.TOKENS, _C, _SUM, "KV-connector hits"),
+    (Signal.MM_CACHE_QUERIES, Unit.ITEMS, _C, _SUM, "multi-modal cache lookups"),
+    (Signal.MM_CACHE_HITS, Unit.ITEMS, _C, _SUM, "multi-modal cache hits"),
+    (Signal.SPEC_DECODE_DRAFTS, Unit.EVENTS, _C, _SUM, "speculative drafts"),
+    (Signal.SPEC_DECODE_DRAFT_TOKENS, Unit.TOKENS, _C, _SUM, "draft tokens proposed"),
+    (Signal.SPEC_DECODE_ACCEPTED_TOKENS, Unit.TOKENS, _C, _SUM, "draft tokens accepted"),
+    (Signal.SPEC_DECODE_ACCEPTED_TOKENS_BY_POSITION, Unit.TOKENS, _C, _SUM, "accepted, by pos"),
+    (Signal.SPEC_DECODE_EMITTED_TOKENS, Unit.TOKENS, _C, _SUM, "tokens emitted (V0)"),
+    (Signal.SPEC_DECODE_ACCEPTANCE_RATIO, Unit.RATIO, _G, _MEAN, "accepted / drafted, reported"),
+    (Signal.SPEC_DECODE_EFFICIENCY_RATIO, Unit.RATIO, _G, _MEAN, "emitted / possible (V0)"),
+    (Signal.KV_OFFLOAD_BYTES, Unit.BYTES, _C, _SUM, "KV bytes moved by transfer_type"),
+    (Signal.KV_OFFLOAD_TIME_S, Unit.SECONDS, _C, _SUM, "time in KV transfers"),
+    (Signal.KV_OFFLOAD_SIZE_BYTES, Unit.BYTES, _H, _SUM, "size of one KV transfer"),
+    (Signal.KV_OFFLOAD_CPU_CACHE_USAGE_RATIO, Unit.RATIO, _G, _MEAN, "offload pool in use"),
+    (Signal.ESTIMATED_FLOPS_PER_GPU, Unit.FLOPS, _C, _SUM, "estimated FLOPs (MFU)"),
+    (Signal.ESTIMATED_READ_BYTES_PER_GPU, Unit.BYTES, _C, _SUM, "estimated bytes read (MFU)"),
+    (Signal.ESTIMATED_WRITE_BYTES_PER_GPU, Unit.BYTES, _C, _SUM, "estimated bytes written"),
+    (Signal.ENGINE_SLEEP_STATE, Unit.FLAG, _G, _MAX, "sleep state by sleep_state"),
+    # The value is when the adapter sets last changed; the labels name them (comma-joined).
+    (Signal.LORA_REQUESTS_INFO, Unit.UNIX_TIME, _G, Aggregation.NONE, "running/waiting adapters"),
+    (Signal.KV_BLOCK_LIFETIME_S, Unit.SECONDS, _H, _SUM, "KV block allocation to eviction"),
+    (Signal.KV_BLOCK_IDLE_BEFORE_EVICT_S, Unit.SECONDS, _H, _SUM, "KV block idle before eviction"),
+    (Signal.KV_BLOCK_REUSE_GAP_S, Unit.SECONDS, _H, _SUM, "gap between KV block accesses"),
+    (Signal.CORRUPTED_REQUESTS, Unit.REQUESTS, _C, _SUM, "requests with NaN logits"),
+    (Signal.REQUEST_MAX_GENERATION_TOKENS, Unit.TOKENS, _H, _SUM, "requested output length"),
+    (Signal.REQUEST_PARAMS_N, Unit.REQUESTS, _H, _SUM, "the n parameter"),
+    (Signal.REQUEST_PARAMS_MAX_TOKENS, Unit.TOKENS, _H, _SUM, "the max_tokens parameter"),
+    (Signal.REQUEST_PREEMPTIONS, Unit.EVENTS, _H, _SUM, "preemptions per request"),
+    (Signal.REQUESTS_KV_FETCH_BY_STAGE, Unit.REQUESTS, _G, _SUM, "waiting on a KV load, by stage"),
     (Signal.GPU_SM_CLOCK_HZ, Unit.HERTZ, _G, _MEAN, "SM clock"),
     (Signal.GPU_MEMORY_CLOCK_HZ, Unit.HERTZ, _G, _MEAN, "memory clock"),
     (Signal.GPU_TEMPERATURE_C, Unit.CELSIUS, _G, _MAX, "GPU temperature"),
@@ -192,6 +296,15 @@ _SIGNAL_ROWS: tuple[tuple[Signal, Unit, MetricType, Aggregation, str], ...] = (
     (Signal.GPU_SM_OCCUPANCY_RATIO, Unit.RATIO, _G, _MEAN, "warps resident / maximum"),
     (Signal.GPU_TENSOR_ACTIVE_RATIO, Unit.RATIO, _G, _MEAN, "tensor pipe busy"),
     (Signal.GPU_DRAM_ACTIVE_RATIO, Unit.RATIO, _G, _MEAN, "device memory interface busy"),
+    (Signal.GPU_FP64_ACTIVE_RATIO, Unit.RATIO, _G, _MEAN, "FP64 pipe busy"),
+    (Signal.GPU_FP32_ACTIVE_RATIO, Unit.RATIO, _G, _MEAN, "FP32 pipe busy"),
+    (Signal.GPU_FP16_ACTIVE_RATIO, Unit.RATIO, _G, _MEAN, "FP16 pipe busy"),
+    (Signal.GPU_VGPU_LICENSE_STATUS, Unit.CODE, _G, _MAX, "vGPU licence state"),
+    # A count over the exporter's window (`window_size_in_ms`), not since boot: a gauge.
+    (Signal.GPU_XID_EVENTS, Unit.EVENTS, _G, _SUM, "XIDs in the exporter's window, by xid"),
+    (Signal.GPU_HEALTH_STATUS, Unit.CODE, _G, _MAX, "DCGM health: 0 pass, 10 warn, 20 fail"),
+    (Signal.GPU_CLOCK_EVENTS, Unit.EVENTS, _G, _SUM, "throttled samples in the window"),
+    (Signal.GPU_P2P_STATUS, Unit.CODE, _G, _MAX, "peer-to-peer link status"),
 )
 
 SIGNALS: Mapping[Signal, SignalSpec] = {

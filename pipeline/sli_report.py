@@ -276,7 +276,14 @@ def _metric_block(
         out[f"{stem}_s"]["observations"] = row.get(f"{stem}_observations")
     for stem, _, _ in GAUGES:
         out[stem] = {"mean": row.get(f"{stem}_mean"), "max": row.get(f"{stem}_max")}
-    out["prefix_cache_hit_ratio"] = row.get("prefix_cache_hit_ratio")
+    # From the counters where the group has them, else the engines' own gauge.
+    counted = row.get("prefix_cache_hit_ratio")
+    reported = row.get("prefix_cache_hit_ratio_reported_mean")
+    out["prefix_cache_hit_ratio"] = counted if counted is not None else reported
+    out["prefix_cache_hit_ratio_from"] = (
+        "counters" if counted is not None else "engine gauge" if reported is not None else None
+    )
+    out["spec_decode_acceptance_ratio"] = row.get("spec_decode_acceptance_ratio")
     for name, _ in COUNTERS:
         out[name] = row.get(name)
     out["prompt_tokens_per_s"] = _per_s(row.get("prompt_tokens"), window_s)

@@ -77,6 +77,7 @@ SCRAPES_SCHEMA = pl.Schema(
         "duration_s": pl.Float64(),
         "samples": pl.Int32(),
         "error": pl.String(),
+        "kind": pl.String(),
     }
 )
 

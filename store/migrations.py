@@ -373,4 +373,14 @@ MIGRATIONS += (
 )
 
 
+MIGRATIONS += (
+    Migration(
+        version=10,
+        description="scrapes.kind: what served the page (vllm, dcgm, sglang, ...), as its target "
+        "said or as its families showed; null when it could not be told",
+        statements=("ALTER TABLE scrapes ADD COLUMN kind VARCHAR",),
+    ),
+)
+
+
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -78,8 +78,8 @@ def test_empty_config_gives_defaults() -> None:
         ({"store": "x.duckdb"}, "store: must be a table"),
         ({"targets": [{"kind": "vllm"}]}, "targets[0].url: is required"),
         (
-            {"targets": [{"kind": "tgi", "url": "http://a/metrics"}]},
-            "targets[0]: label kind is 'tgi'",
+            {"targets": [{"kind": "triton", "url": "http://a/metrics"}]},
+            "targets[0]: label kind is 'triton'",
         ),
         (
             {"targets": [{"kind": "vllm", "url": "u", "colour": "red"}]},

@@ -160,6 +160,7 @@ def _scrapes(
             "duration_s": [0.01 for _ in rows],
             "samples": [10 for _ in rows],
             "error": [None if r[2] else "connection refused" for r in rows],
+            "kind": ["vllm" for _ in rows],
         },
         schema=SCRAPES_SCHEMA,
     )

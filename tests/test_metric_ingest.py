@@ -3,10 +3,13 @@ storing the same scrapes twice changes nothing; uncatalogued families are counte
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import polars as pl
+import pytest
 
+from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.metrics.exposition import parse_exposition
 from servewatch.collectors.metrics.ingest import Page, ingest_pages
 from servewatch.collectors.scrape.targets import Target, TargetKind
@@ -58,18 +61,114 @@ def test_storing_the_same_scrapes_twice_changes_nothing(store: Store) -> None:
     assert failed["error"].to_list() == ["timed out after 10 s"]
 
 
-def test_only_catalogued_families_are_stored_and_the_rest_counted(store: Store) -> None:
-    report = ingest_pages([Page(REPLICA, T0, VLLM)], store=store)
-    parsed = parse_exposition(VLLM)
-    assert report.stored_samples + report.unknown_samples <= len(parsed)
+def test_every_sample_is_stored_and_uncatalogued_families_are_counted(store: Store) -> None:
+    page = VLLM + "# TYPE exporter_scrapes counter\nexporter_scrapes_total 3\nvllm:future 1\n"
+    report = ingest_pages([Page(REPLICA, T0, page)], store=store)
+    parsed = parse_exposition(page)
+    created = sum(1 for name in parsed.metric if name.endswith("_created"))
+    assert report.stored_samples == len(parsed) - created
     assert report.unknown_samples > 0
     unknown = store.read_unknown_families().collect()
     assert unknown["samples"].sum() == report.unknown_samples
-    kept = ingest_pages(
-        [Page(REPLICA, datetime(2026, 11, 18, 11, 5), VLLM)], store=store, keep_uncatalogued=True
+    series = store.read_series().collect()
+    uncatalogued = series.filter(pl.col("signal").is_null())
+    assert uncatalogued.height > 0
+    stems = {re.sub("_(bucket|sum|count|total)$", "", m) for m in uncatalogued["metric"]}
+    assert stems == set(unknown["family"])
+    assert set(series["source"].drop_nulls()) <= {"vllm_engine", "dcgm"}
+    counted = ingest_pages(
+        [Page(REPLICA, datetime(2026, 11, 18, 11, 5), page)], store=store, keep_uncatalogued=False
     )
-    assert kept.stored_samples == report.stored_samples + report.unknown_samples
-    assert set(store.read_series().collect()["source"].drop_nulls()) <= {"vllm_engine", "dcgm"}
+    assert counted.stored_samples == report.stored_samples - report.unknown_samples
+
+
+def test_drop_rules_drop_whole_families_by_name_or_pattern(store: Store) -> None:
+    page = (
+        "# TYPE lat histogram\n"
+        'lat_bucket{le="1"} 1\nlat_bucket{le="+Inf"} 2\nlat_sum 3\nlat_count 2\n'
+        "python_gc_collections_total 7\nvllm:num_requests_running 4\n"
+    )
+    rules = DropRules.parse(["lat", "python_gc_.*"], where="scrape.drop")
+    report = ingest_pages([Page(REPLICA, T0, page)], store=store, drop=rules)
+    assert report.dropped_samples == 5
+    assert sorted(store.read_series().collect()["metric"]) == ["vllm:num_requests_running"]
+    # anchored at both ends, as Prometheus relabelling is: `lat` does not drop `latency`
+    names = pl.DataFrame({"metric": ["latency_seconds", "lat_count", "lat"]})
+    kept = DropRules.parse(["lat"], where="w").kept(names)["metric"].to_list()
+    assert kept == ["latency_seconds"]
+
+
+@pytest.mark.parametrize(
+    ("patterns", "message"),
+    [
+        (["("], "scrape.drop[0]: '(' is not a regular expression"),
+        (["ok", ""], "scrape.drop[1]: must be a non-empty pattern"),
+    ],
+)
+def test_a_bad_drop_pattern_is_named(patterns: list[str], message: str) -> None:
+    with pytest.raises(DropRuleError, match=re.escape(message)):
+        DropRules.parse(patterns, where="scrape.drop")
+
+
+AUTO_REPLICA = Target("auto-0", TargetKind.AUTO, "http://127.0.0.1:4/metrics", replica="auto-0")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "error"),
+    [
+        (VLLM, "vllm", None),
+        (DCGM, "dcgm", None),
+        ('sglang:num_running_reqs{model_name="m"} 3\nprocess_open_fds 9\n', "sglang", None),
+        ("trtllm_kv_cache_hit_rate 0.5\n", "trtllm", None),
+        ("trtllm:request_success_total 5\n", "trtllm", None),
+        ("tgi_queue_size 2\n", "tgi", None),
+        ("llamacpp:requests_processing 1\n", "llamacpp", None),
+        (
+            "node_cpu_seconds_total 5\nprocess_open_fds 9\n",
+            None,
+            "cannot tell what serves the page: families node_cpu_seconds, process_open_fds",
+        ),
+        (
+            "vllm:num_requests_running 1\nDCGM_FI_DEV_GPU_TEMP 40\n",
+            None,
+            (
+                "the page mixes families of 2 kinds (vllm: vllm:num_requests_running; dcgm: "
+                "DCGM_FI_DEV_GPU_TEMP)"
+            ),
+        ),
+    ],
+)
+def test_the_kind_of_a_page_is_told_from_its_families(
+    store: Store, body: str, kind: str | None, error: str | None
+) -> None:
+    report = ingest_pages([Page(AUTO_REPLICA, T0, body)], store=store)
+    scrape = store.read_scrapes().collect().row(0, named=True)
+    assert scrape["kind"] == kind
+    assert scrape["ok"] is (error is None)
+    if error is None:
+        assert scrape["error"] is None
+        assert store.read_targets().collect()["kind"].to_list() == [kind]
+    else:
+        assert error in scrape["error"]
+        assert [r.message for r in report.line_errors] == [scrape["error"]]
+        # nothing is lost: the samples are kept, uncatalogued
+        assert report.stored_samples == len(parse_exposition(body))
+        assert store.read_series().collect()["signal"].null_count() == report.stored_samples
+
+
+def test_a_dcgm_page_without_a_kind_is_catalogued_as_dcgm(store: Store) -> None:
+    host = Target("dcgm-b", TargetKind.AUTO, "http://127.0.0.1:5/metrics", host="gpu-node-1")
+    told = ingest_pages([Page(host, T0, DCGM)], store=store)
+    given = ingest_pages([Page(HOST, T0, DCGM)], store=store)
+    assert told.stored_samples == given.stored_samples
+    assert told.unknown_samples == given.unknown_samples
+    series = store.read_series().collect()
+    by_target = {
+        target: set(series.filter(pl.col("target_id") == target)["signal"])
+        for target in ("dcgm-a", "dcgm-b")
+    }
+    assert by_target["dcgm-a"] == by_target["dcgm-b"]
+    assert None not in by_target["dcgm-b"]
 
 
 def test_catalogue_results_kept_across_batches_still_shadow_aliases_page_by_page(

@@ -24,7 +24,7 @@ def batch(
     times: list[datetime], *, series: int = 3, target: str = "t1"
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     scrapes = pl.DataFrame(
-        [(target, ts, True, None, series, None) for ts in times],
+        [(target, ts, True, None, series, None, "vllm") for ts in times],
         schema=SCRAPES_SCHEMA,
         orient="row",
     )

@@ -162,6 +162,7 @@ def scrape_batch(
             "duration_s": [0.01] * len(ts_list),
             "samples": [2] * len(ts_list),
             "error": [None] * len(ts_list),
+            "kind": ["vllm"] * len(ts_list),
         },
         schema=SCRAPES_SCHEMA,
     )

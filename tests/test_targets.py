@@ -65,10 +65,9 @@ def test_scheme_and_metrics_path_labels() -> None:
             "t.json: [0].targets: expected a list",
         ),
         (
-            '[{"targets": ["a:1"], "labels": {"kind": "tgi"}}]',
-            "label kind is 'tgi'; allowed: vllm, dcgm",
+            '[{"targets": ["a:1"], "labels": {"kind": "triton"}}]',
+            "label kind is 'triton'; allowed: vllm, dcgm, sglang, trtllm, tgi, llamacpp, auto",
         ),
-        ('[{"targets": ["a:1"]}]', "label kind is None"),
         (
             '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "two"}}]',
             "label gpus must be a positive whole number, got 'two'",

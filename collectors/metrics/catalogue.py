@@ -47,13 +47,14 @@ class CatalogueEntry:
 
 @dataclass(frozen=True)
 class SourceRule:
-    """Who emitted a sample: `default`, or `labelled` when the label `label` is present."""
+    """Who emitted a sample: `default`, or `labelled` when the label `label` is present.
+    A `default` of None: the source is not known (a page whose kind could not be told)."""
 
-    default: Source
+    default: Source | None
     label: str | None = None
     labelled: Source | None = None
 
-    def source(self, labels: Mapping[str, str]) -> Source:
+    def source(self, labels: Mapping[str, str]) -> Source | None:
         if self.label is not None and self.labelled is not None and self.label in labels:
             return self.labelled
         return self.default
@@ -126,6 +127,11 @@ class Catalogue:
 CREATED_SUFFIX = "_created"
 # The family stem of a name no catalogue knows: histogram, counter and _created suffixes off.
 _STEM_PATTERN = "(?:_bucket|_sum|_count|_total|_created)$"
+
+
+def family_stem(name: pl.Expr) -> pl.Expr:
+    """The family a sample name no catalogue knows belongs to: its sample suffix taken off."""
+    return name.str.replace(_STEM_PATTERN, "")
 
 
 def labels_json(labels: Mapping[str, str]) -> str:
@@ -202,7 +208,7 @@ def _with_canonical_labels(
 
 
 def _source(rule: SourceRule) -> pl.Expr:
-    default = pl.lit(rule.default.value, dtype=pl.String)
+    default = pl.lit(None if rule.default is None else rule.default.value, dtype=pl.String)
     if rule.label is None or rule.labelled is None:
         return default
     key = orjson.dumps(rule.label).decode() + ":"
@@ -268,9 +274,7 @@ def catalogue_frame(
         .with_columns(
             value=value,
             metric=pl.coalesce(pl.col("_cat_metric"), pl.col("exposed")),
-            family=pl.coalesce(
-                pl.col("_cat_family"), pl.col("exposed").str.replace(_STEM_PATTERN, "")
-            ),
+            family=pl.coalesce(pl.col("_cat_family"), family_stem(pl.col("exposed"))),
             signal=pl.col("_cat_signal"),
             source=_source(catalogue.source_rule),
             disposition=disposition,

@@ -11,8 +11,8 @@ By default only catalogued families are stored; the others are tallied in `unkno
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import polars as pl
@@ -21,19 +21,21 @@ from servewatch.collectors.metrics.catalogue import (
     Catalogue,
     CatalogueEntry,
     Disposition,
+    SourceRule,
     catalogue_frame,
     entry_value,
 )
-from servewatch.collectors.metrics.dcgm_catalogue import DCGM_CATALOGUE
+from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import LineError, ParsedPage, SeriesCache
 from servewatch.collectors.metrics.exposition_batch import parse_expositions
-from servewatch.collectors.metrics.vllm_catalogue import VLLM_CATALOGUE
+from servewatch.collectors.metrics.page_kind import CATALOGUES, PageKind, page_kinds
 from servewatch.collectors.scrape.targets import Target, TargetKind, targets_frame
 from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
 
 MAX_ERRORS_IN_SCRAPE_ROW = 3
+NO_DROP = DropRules()
 _PAGE = ["target_id", "scrape_ts"]
 
 
@@ -56,6 +58,7 @@ class MetricIngestReport:
     new_points: int = 0
     stored_samples: int = 0
     unknown_samples: int = 0
+    dropped_samples: int = 0
     line_errors: list[Reject] = field(default_factory=list)
     failed_scrapes: list[Reject] = field(default_factory=list)
 
@@ -67,10 +70,17 @@ def _scrape_error(errors: Sequence[LineError]) -> str:
     return f"{len(errors)} malformed line(s) left out: {shown}{suffix}"
 
 
-_CATALOGUES: dict[TargetKind, Catalogue] = {
-    TargetKind.VLLM: VLLM_CATALOGUE,
-    TargetKind.DCGM: DCGM_CATALOGUE,
-}
+# A page whose kind cannot be told: every sample is kept uncatalogued, from no known source.
+_UNTOLD = Catalogue(name="untold", entries=(), source_rule=SourceRule(default=None))
+
+
+def _page_kinds(
+    pages: Sequence[Page], fetched: Sequence[int], samples: pl.DataFrame
+) -> dict[int, PageKind]:
+    """Each fetched page's kind: its target's, or told from its families (`page_kind`)."""
+    told = [i for i in fetched if pages[i].target.kind is TargetKind.AUTO]
+    kinds = page_kinds(samples.lazy(), pages=told) if told else {}
+    return {i: kinds[i] if i in kinds else PageKind(pages[i].target.kind) for i in fetched}
 
 
 _THREAD = threading.local()
@@ -99,9 +109,18 @@ class _Prepared:
 
 
 def ingest_pages(
-    pages: Sequence[Page], *, store: Store, keep_uncatalogued: bool = False
+    pages: Sequence[Page],
+    *,
+    store: Store,
+    keep_uncatalogued: bool = True,
+    drop: DropRules = NO_DROP,
 ) -> MetricIngestReport:
     """Parse, catalogue and store `pages`; scrapes already stored are skipped (idempotent).
+
+    Every sample is stored, catalogued or not, unless `drop` names its family or
+    `keep_uncatalogued` is off (then uncatalogued families are only counted). A page of a
+    target of kind AUTO is catalogued as the kind its families show; one that shows none, or
+    several, is stored uncatalogued and its scrape names why.
 
     A page is the unit of failure: should reading one page fail in a way the parser did not
     foresee, the batch is read again page by page and that page alone becomes a failed
@@ -109,10 +128,12 @@ def ingest_pages(
     report = MetricIngestReport(pages=len(pages))
     unread: list[Reject] = []  # pages that could not be read, as their failed scrapes
     try:
-        prepared = _prepare(pages, report, keep_uncatalogued=keep_uncatalogued)
+        prepared = _prepare(pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop)
     except Exception:  # noqa: BLE001 (isolated below, page by page)
         report = MetricIngestReport(pages=len(pages))
-        prepared, unread = _prepare_each(pages, report, keep_uncatalogued=keep_uncatalogued)
+        prepared, unread = _prepare_each(
+            pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop
+        )
     report.new_scrapes, report.new_points = store.write_scrapes(
         prepared.scrapes, prepared.samples, targets=prepared.targets
     )
@@ -128,7 +149,7 @@ def ingest_pages(
 
 
 def _prepare_each(
-    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool
+    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool, drop: DropRules
 ) -> tuple[_Prepared, list[Reject]]:
     """`_prepare` one page at a time; a page that fails becomes a failed scrape, also returned
     on its own (it goes to `ingest_errors`, which a fetch failure does not)."""
@@ -137,7 +158,7 @@ def _prepare_each(
     for page in pages:
         own = MetricIngestReport()
         try:
-            parts.append(_prepare([page], own, keep_uncatalogued=keep_uncatalogued))
+            parts.append(_prepare([page], own, keep_uncatalogued=keep_uncatalogued, drop=drop))
         except Exception as exc:  # noqa: BLE001 (the page's failure, recorded as its scrape's)
             own = MetricIngestReport()
             failed = Page(
@@ -147,10 +168,11 @@ def _prepare_each(
                 page.duration_s,
                 error=f"the page could not be read: {type(exc).__name__}: {exc}",
             )
-            parts.append(_prepare([failed], own, keep_uncatalogued=keep_uncatalogued))
+            parts.append(_prepare([failed], own, keep_uncatalogued=keep_uncatalogued, drop=drop))
             unread += own.failed_scrapes
         report.line_errors += own.line_errors
         report.failed_scrapes += own.failed_scrapes
+        report.dropped_samples += own.dropped_samples
     prepared = _Prepared(
         scrapes=pl.concat([p.scrapes for p in parts]),
         samples=pl.concat([p.samples for p in parts]),
@@ -161,12 +183,11 @@ def _prepare_each(
 
 
 def _prepare(
-    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool
+    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool, drop: DropRules
 ) -> _Prepared:
     """Parse and catalogue `pages` into the rows the store takes; line errors and failed
     scrapes are added to `report`."""
-    cache = _series_cache()
-    fetched: dict[TargetKind, list[int]] = {kind: [] for kind in TargetKind}
+    fetched: list[int] = []
     for index, page in enumerate(pages):
         if page.body is None:
             where = f"scrape {page.scrape_ts.isoformat()}Z"
@@ -174,26 +195,37 @@ def _prepare(
                 Reject(page.target.target_id, where, page.error or "no page")
             )
         else:
-            fetched[page.target.kind].append(index)
-    parsed: dict[int, ParsedPage] = {}
-    catalogued: list[pl.LazyFrame] = []
-    for kind, indices in fetched.items():
-        if not indices:
-            continue
-        batch = parse_expositions(
-            [pages[i].body or "" for i in indices],
-            openmetrics=[pages[i].openmetrics for i in indices],
-            cache=cache,
+            fetched.append(index)
+    batch = parse_expositions(
+        [pages[i].body or "" for i in fetched],
+        openmetrics=[pages[i].openmetrics for i in fetched],
+        cache=_series_cache(),
+    )
+    parsed: dict[int, ParsedPage] = dict(zip(fetched, batch.pages, strict=True))
+    samples = batch.samples
+    if len(fetched) < len(pages):
+        # Page numbers of the batch become indices into `pages` (a batch of every page is
+        # numbered so already).
+        samples = samples.with_columns(
+            page=pl.Series(fetched, dtype=pl.UInt32).gather(samples.get_column("page"))
         )
-        parsed.update(zip(indices, batch.pages, strict=True))
-        samples = batch.samples
-        if len(indices) < len(pages):
-            # Page numbers of the batch become indices into `pages`, so one frame serves all
-            # kinds (a batch of every page is numbered so already).
-            samples = samples.with_columns(
-                page=pl.Series(indices, dtype=pl.UInt32).gather(samples.get_column("page"))
-            )
-        catalogued.append(_catalogued(samples, catalogue=_CATALOGUES[kind]))
+    parsed_count = samples.height
+    samples = drop.kept(samples)
+    report.dropped_samples += parsed_count - samples.height
+    kinds = _page_kinds(pages, fetched, samples)
+    by_kind: dict[TargetKind | None, list[int]] = {}
+    for index in fetched:
+        by_kind.setdefault(kinds[index].kind, []).append(index)
+    catalogued: list[pl.LazyFrame] = []
+    for kind, indices in by_kind.items():
+        own = samples if len(by_kind) == 1 else samples.filter(pl.col("page").is_in(indices))
+        catalogue = _UNTOLD if kind is None else CATALOGUES[kind]
+        catalogued.append(_catalogued(own, catalogue=catalogue))
+        for index in indices:
+            error = kinds[index].error
+            if error is not None:
+                where = f"scrape {pages[index].scrape_ts.isoformat()}Z"
+                report.line_errors.append(Reject(pages[index].target.target_id, where, error))
     for index, result in sorted(parsed.items()):
         page = pages[index]
         for line_error in result.errors:
@@ -251,26 +283,37 @@ def _prepare(
         key = (page.target.target_id, page.scrape_ts)
         stored_counts[key] = stored_counts.get(key, 0) + stored_by_page.get(index, 0)
     scrapes = pl.DataFrame(
-        [_scrape_row(page, parsed.get(i), stored_counts) for i, page in enumerate(pages)],
+        [
+            _scrape_row(page, parsed.get(i), kinds.get(i), stored_counts)
+            for i, page in enumerate(pages)
+        ],
         schema=SCRAPES_SCHEMA,
         orient="row",
     )
-    return _Prepared(scrapes, stored, unknown, _targets_frame(pages))
+    return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds))
 
 
 def _scrape_row(
-    page: Page, parsed: ParsedPage | None, stored: dict[tuple[str, datetime], int]
+    page: Page,
+    parsed: ParsedPage | None,
+    kind: PageKind | None,
+    stored: dict[tuple[str, datetime], int],
 ) -> tuple[object, ...]:
     target_id = page.target.target_id
-    if parsed is None:
-        return (target_id, page.scrape_ts, False, page.duration_s, 0, page.error or "no page")
+    if parsed is None or kind is None:
+        error = page.error or "no page"
+        return (target_id, page.scrape_ts, False, page.duration_s, 0, error, None)
+    errors = [kind.error] if kind.error else []
+    if parsed.errors:
+        errors.append(_scrape_error(parsed.errors))
     return (
         target_id,
         page.scrape_ts,
-        not parsed.errors,
+        not errors,
         page.duration_s,
         stored.get((target_id, page.scrape_ts), 0),
-        _scrape_error(parsed.errors) if parsed.errors else None,
+        "; ".join(errors) or None,
+        None if kind.kind is None else kind.kind.value,
     )
 
 
@@ -392,11 +435,15 @@ def _keeps_value(entry: CatalogueEntry) -> bool:
     )
 
 
-def _targets_frame(pages: Sequence[Page]) -> pl.DataFrame:
+def _targets_frame(pages: Sequence[Page], kinds: Mapping[int, PageKind]) -> pl.DataFrame:
+    """The batch's targets, an AUTO target under the kind its latest told page showed."""
     seen: dict[str, tuple[Target, datetime, datetime]] = {}
-    for page in pages:
+    for index, page in enumerate(pages):
         target, first, last = seen.get(
             page.target.target_id, (page.target, page.scrape_ts, page.scrape_ts)
         )
+        told = kinds[index].kind if index in kinds else None
+        if target.kind is TargetKind.AUTO and told is not None and page.scrape_ts >= last:
+            target = replace(target, kind=told)
         seen[target.target_id] = (target, min(first, page.scrape_ts), max(last, page.scrape_ts))
     return targets_frame(seen.values())

@@ -41,9 +41,13 @@ from enum import Enum
 
 import polars as pl
 
-from servewatch.collectors.metrics.catalogue import CREATED_SUFFIX, Disposition, labels_json
-from servewatch.collectors.metrics.dcgm_catalogue import DCGM_CATALOGUE, catalogue_dcgm_frame
-from servewatch.collectors.metrics.vllm_catalogue import VLLM_CATALOGUE, catalogue_vllm_frame
+from servewatch.collectors.metrics.catalogue import (
+    CREATED_SUFFIX,
+    Disposition,
+    catalogue_frame,
+    labels_json,
+)
+from servewatch.collectors.metrics.page_kind import CATALOGUES
 from servewatch.collectors.prometheus.api import (
     MAX_POINTS_PER_SERIES,
     AnswerProblem,
@@ -66,10 +70,7 @@ UP = "up"
 _SYNTHETIC_PREFIX = "scrape_"
 _ADDRESS_RE = re.compile(r"[^/\s]+:[0-9]+")
 _PAGE = ["target_id", "scrape_ts"]
-_CATALOGUES = {
-    TargetKind.VLLM: (VLLM_CATALOGUE, catalogue_vllm_frame),
-    TargetKind.DCGM: (DCGM_CATALOGUE, catalogue_dcgm_frame),
-}
+
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -213,7 +214,7 @@ def series_labels(labels: Mapping[str, str]) -> str:
 
 def catalogue_kind(name: str) -> TargetKind | None:
     """Which catalogue knows a sample name, if one does."""
-    for kind, (catalogue, _) in _CATALOGUES.items():
+    for kind, catalogue in CATALOGUES.items():
         if name in catalogue.index:
             return kind
     return None
@@ -418,8 +419,10 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
         [Disposition.UNKNOWN.value] if keep_uncatalogued else []
     )
     catalogued = [
-        catalogue_frame(samples_all.filter(pl.col("kind") == kind.value), page_by=_PAGE)
-        for kind, (_, catalogue_frame) in _CATALOGUES.items()
+        catalogue_frame(
+            samples_all.filter(pl.col("kind") == kind.value), catalogue=catalogue, page_by=_PAGE
+        )
+        for kind, catalogue in CATALOGUES.items()
     ]
     all_samples = pl.concat(catalogued, how="vertical_relaxed")
     stored = all_samples.filter(pl.col("disposition").is_in(wanted)).select(SAMPLES_SCHEMA.names())
@@ -459,6 +462,11 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
             samples=pl.col("stored").fill_null(0).cast(pl.Int32),
             error=pl.when(failed).then(
                 pl.lit("Prometheus could not scrape the target at this time (up == 0)")
+            ),
+            kind=pl.col("target_id").replace_strict(
+                {t: target.kind.value for t, target in rows.targets.items()},
+                default=None,
+                return_dtype=pl.String,
             ),
         )
         .sort("target_id", "ts")

@@ -1,12 +1,12 @@
 """Scrape targets: what to scrape and which replica, host and zone each one speaks for.
 
 Targets come inline from the config or from Prometheus `file_sd` files (JSON or YAML lists of
-`{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm or
-dcgm, required), `replica`, `host`, `zone`, `model`, `pool`, `gpus`, and Prometheus's own
-`__scheme__`, `__metrics_path__`, `__scrape_interval__` and `__scrape_timeout__` (a target's own
-interval and timeout, as Prometheus durations such as `30s` or `1m`, or numbers of seconds). A
-file that stops parsing keeps its last good list in use, as Prometheus does, and the error is
-reported.
+`{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm,
+dcgm, sglang, trtllm, tgi, llamacpp, or auto, the default: told from each page), `replica`,
+`host`, `zone`, `model`, `pool`, `gpus`, and Prometheus's own `__scheme__`, `__metrics_path__`,
+`__scrape_interval__` and `__scrape_timeout__` (a target's own interval and timeout, as
+Prometheus durations such as `30s` or `1m`, or numbers of seconds). A file that stops parsing
+keeps its last good list in use, as Prometheus does, and the error is reported.
 """
 
 from __future__ import annotations
@@ -28,8 +28,15 @@ from servewatch.pipeline.tables import TARGETS_SCHEMA
 
 
 class TargetKind(Enum):
+    """What serves a target's page; AUTO: told from each page's families (`page_kind`)."""
+
     VLLM = "vllm"
     DCGM = "dcgm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    TGI = "tgi"
+    LLAMACPP = "llamacpp"
+    AUTO = "auto"
 
 
 class TargetError(ValueError):
@@ -117,7 +124,7 @@ def check_scrape_url(url: str) -> None:
 
 def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -> Target:
     """One target from an address (`host:port` or a full URL) and its labels."""
-    kind_text = labels.get("kind")
+    kind_text = labels.get("kind") or TargetKind.AUTO.value
     try:
         kind = TargetKind(kind_text)
     except ValueError as exc:
