@@ -57,7 +57,7 @@ import httpx
 
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
-from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, Page, ingest_pages
 from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
 from servewatch.collectors.scrape.scraper import scrape_targets
 from servewatch.collectors.scrape.targets import Target, TargetKind
@@ -267,7 +267,9 @@ class _TimedBatcher(PageBatcher):
     """The service's PageBatcher, its writes timed; what it batches is its own doing."""
 
     def __init__(self, writer: StoreWriter, record: Callable[[MetricIngestReport], None]) -> None:
-        super().__init__(writer, keep_uncatalogued=lambda: False, on_report=record)
+        super().__init__(
+            writer, keep_uncatalogued=lambda: True, drop=lambda: NO_DROP, on_report=record
+        )
         self.started = 0.0
         self.cpu_started = 0.0
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.scrape.targets import (
     Target,
     TargetError,
@@ -32,7 +33,8 @@ class ConfigError(ValueError):
 class ScrapeSettings:
     interval_s: float = 15.0
     timeout_s: float = 10.0
-    keep_uncatalogued: bool = False
+    keep_uncatalogued: bool = True
+    drop: DropRules = field(default_factory=DropRules)  # families not to store
     failing_after: int = 3  # failed scrapes in a row before a target counts as failing
 
 
@@ -146,6 +148,13 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
         raise ConfigError(str(exc)) from exc
 
 
+def _drop_rules(section: _Section) -> DropRules:
+    try:
+        return DropRules.parse(section.strings("drop") or (), where=f"{section.where}: scrape.drop")
+    except DropRuleError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     where = str(source) if source else "configuration"
     root = _Section(data, where=where)
@@ -158,7 +167,8 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     scrape = ScrapeSettings(
         interval_s=scrape_section.positive_number("interval_s", default=15.0),
         timeout_s=scrape_section.positive_number("timeout_s", default=10.0),
-        keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=False),
+        keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=True),
+        drop=_drop_rules(scrape_section),
         failing_after=scrape_section.whole("failing_after", default=3, minimum=1),
     )
     scrape_section.done()

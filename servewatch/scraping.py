@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
 from servewatch.collectors.scrape.loop import (
     ScheduledTarget,
@@ -176,11 +177,13 @@ class PageBatcher:
         writer: StoreWriter,
         *,
         keep_uncatalogued: Callable[[], bool],
+        drop: Callable[[], DropRules],
         on_report: Callable[[MetricIngestReport], None],
         max_delay_s: float = 1.0,
     ) -> None:
         self._writer = writer
         self._keep_uncatalogued = keep_uncatalogued
+        self._drop = drop
         self._on_report = on_report
         self._max_delay_s = max_delay_s
         self._lock = threading.Lock()
@@ -211,7 +214,12 @@ class PageBatcher:
         with self._lock:
             pages, self._pages = self._pages, []
         if pages:
-            report = ingest_pages(pages, store=store, keep_uncatalogued=self._keep_uncatalogued())
+            report = ingest_pages(
+                pages,
+                store=store,
+                keep_uncatalogued=self._keep_uncatalogued(),
+                drop=self._drop(),
+            )
             self._on_report(report)
 
 
@@ -243,7 +251,10 @@ def scrape_round(
 ) -> MetricIngestReport:
     results = asyncio.run(fetch_results(targets, settings))
     return ingest_pages(
-        [page_of(r) for r in results], store=store, keep_uncatalogued=settings.keep_uncatalogued
+        [page_of(r) for r in results],
+        store=store,
+        keep_uncatalogued=settings.keep_uncatalogued,
+        drop=settings.drop,
     )
 
 
@@ -274,6 +285,7 @@ def scrape_until(
         pages = PageBatcher(
             writer,
             keep_uncatalogued=lambda: config.scrape.keep_uncatalogued,
+            drop=lambda: config.scrape.drop,
             on_report=on_report,
         )
         loop = ScrapeLoop(_PagesToBatcher(pages))

@@ -209,6 +209,7 @@ class Service:
         self.pages = PageBatcher(
             self.writer,
             keep_uncatalogued=lambda: self.state.config.scrape.keep_uncatalogued,
+            drop=lambda: self.state.config.scrape.drop,
             on_report=self._ingested,
         )
         self.target_health = TargetHealth(failing_after=config.scrape.failing_after)

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
+from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import page_text
 from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
 from servewatch.collectors.scrape.scraper import scrape_targets
@@ -128,7 +129,11 @@ def test_the_services_batch_path_stores_every_good_line_and_every_other_page(
     reports: list[MetricIngestReport] = []
     with Store.open(":memory:") as store, StoreWriter(store) as writer:
         batcher = PageBatcher(
-            writer, keep_uncatalogued=lambda: False, on_report=reports.append, max_delay_s=60
+            writer,
+            keep_uncatalogued=lambda: False,
+            drop=DropRules,
+            on_report=reports.append,
+            max_delay_s=60,
         )
         for page in pages:
             batcher.add(page)

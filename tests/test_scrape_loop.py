@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.ingest import MetricIngestReport, Page
 from servewatch.collectors.scrape.loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
 from servewatch.collectors.scrape.schedule import schedule_for
@@ -182,7 +183,11 @@ def test_pages_are_written_in_one_batch_and_closing_writes_what_is_gathered() ->
     reports: list[MetricIngestReport] = []
     with Store.open(":memory:") as store, StoreWriter(store) as writer:
         batcher = PageBatcher(
-            writer, keep_uncatalogued=lambda: False, on_report=reports.append, max_delay_s=60
+            writer,
+            keep_uncatalogued=lambda: False,
+            drop=DropRules,
+            on_report=reports.append,
+            max_delay_s=60,
         )
         at = datetime(2026, 11, 29, 12, 0, 0)
         for i in range(3):

@@ -304,6 +304,7 @@ def metric_json(report: MetricIngestReport) -> dict[str, Any]:
         "new_points": report.new_points,
         "stored_samples": report.stored_samples,
         "unknown_samples": report.unknown_samples,
+        "dropped_samples": report.dropped_samples,
         "malformed_lines": [asdict(r) for r in report.line_errors],
         "failed_scrapes": [asdict(r) for r in report.failed_scrapes],
     }

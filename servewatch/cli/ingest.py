@@ -33,6 +33,7 @@ from servewatch.cli.app import (
 )
 from servewatch.collectors.fixture.folder import FixtureError
 from servewatch.collectors.fixture.replay import fixture_page_count, replay_fixture
+from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.metrics.exposition import page_text
 from servewatch.collectors.metrics.ingest import Page, ingest_pages
 from servewatch.collectors.scrape.targets import Target, TargetKind
@@ -105,6 +106,32 @@ def ingest_traces(
         err_console.print(labelled("rejected", str(reject)))
 
 
+KeepOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-uncatalogued/--catalogued-only",
+        help="Store families no catalogue knows under their own names (default), or only count "
+        "them.",
+    ),
+]
+DropOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--drop",
+        metavar="PATTERN",
+        help="Do not store families whose name matches (a regular expression, anchored, as "
+        "Prometheus relabelling; repeatable). Adds to scrape.drop.",
+    ),
+]
+
+
+def drop_rules(patterns: list[str] | None) -> DropRules:
+    try:
+        return DropRules.parse(patterns or [], where="--drop")
+    except DropRuleError as exc:
+        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
+
+
 @ingest_app.command("metrics")
 def ingest_metrics(
     ctx: typer.Context,
@@ -119,13 +146,15 @@ def ingest_metrics(
     ],
     target: Annotated[str, typer.Option(help="Name of the target the page came from.")],
     at: Annotated[str, typer.Option(help="When it was scraped (ISO 8601 or Unix s).")],
-    kind: Annotated[TargetKind, typer.Option(help="What serves the page.")] = TargetKind.VLLM,
+    kind: Annotated[
+        TargetKind,
+        typer.Option(help="What serves the page; auto: told from the page's family prefixes."),
+    ] = TargetKind.AUTO,
     replica: Annotated[str | None, typer.Option(help="Replica the target speaks for.")] = None,
     host: Annotated[str | None, typer.Option(help="Host of the target.")] = None,
     zone: Annotated[str | None, typer.Option(help="Zone of the host.")] = None,
-    keep_uncatalogued: Annotated[
-        bool, typer.Option(help="Store families no catalogue knows too (default: count them).")
-    ] = False,
+    keep_uncatalogued: KeepOption = True,
+    drop: DropOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Store one exposition page as one scrape of TARGET at the given time.
@@ -146,14 +175,18 @@ def ingest_metrics(
     )
     with open_store(state, create=True) as store:
         report = ingest_pages(
-            [Page(page_target, scrape_ts, body)], store=store, keep_uncatalogued=keep_uncatalogued
+            [Page(page_target, scrape_ts, body)],
+            store=store,
+            keep_uncatalogued=keep_uncatalogued,
+            drop=drop_rules(drop),
         )
     if as_json:
         print_json(metric_json(report))
     else:
         out_console.print(
             f"{report.stored_samples} samples stored ({report.new_points} new points), "
-            f"{report.unknown_samples} from uncatalogued families counted, "
+            f"{report.unknown_samples} of them from uncatalogued families, "
+            f"{report.dropped_samples} dropped by rule, "
             f"{len(report.line_errors)} malformed line(s)",
             highlight=False,
         )
@@ -172,9 +205,8 @@ def replay(
             file_okay=False,
         ),
     ],
-    keep_uncatalogued: Annotated[
-        bool, typer.Option(help="Store families no catalogue knows too (default: count them).")
-    ] = False,
+    keep_uncatalogued: KeepOption = True,
+    drop: DropOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a recorded fixture into the store: its spans and every page, scrape by scrape.
@@ -203,6 +235,7 @@ def replay(
             folder,
             store=store,
             keep_uncatalogued=keep_uncatalogued,
+            drop=drop_rules(drop),
             on_pages=lambda n: progress.advance(task, n),
         )
         roll_up_request_minutes(store)
