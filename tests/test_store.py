@@ -90,8 +90,12 @@ def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Sche
     assert store.table_schema(table) == schema
 
 
-def test_migration_versions_are_consecutive() -> None:
-    assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+def test_migration_versions_increase() -> None:
+    # Versions are handed out ahead of merging, so a branch may hold a later number before
+    # the earlier ones land; they must still run in increasing order.
+    versions = [m.version for m in MIGRATIONS]
+    assert versions[0] == 1
+    assert versions == sorted(set(versions))
 
 
 def test_reopen_keeps_data_and_version(tmp_path: Path) -> None:
