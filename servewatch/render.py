@@ -234,7 +234,8 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
             status.slo,
             f"{status.objective_ratio:.4%}",
             status.period,
-            f"{status.good:,}/{status.total:,}",
+            f"{status.good:,}/{status.total:,}"
+            + (" tokens" if status.events == "output tokens" else ""),
             _fmt(status.error_ratio, digits=5),
             _fmt(status.budget_remaining_ratio, scale=100.0),
             _fmt(status.current_burn_rate, digits=2),

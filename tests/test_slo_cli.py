@@ -91,8 +91,10 @@ def test_token_goodput_slo_counts_output_tokens_from_raw_requests_and_the_rollup
         statuses = {s["slo"]: s for s in json.loads(result.stdout)["slos"]}
         tokens = statuses["chat-token-goodput"]
         assert (tokens["good"], tokens["total"]) == (good_tokens, all_tokens), step
+        assert tokens["events"] == "output tokens"
         requests = statuses["chat-goodput"]
         assert (requests["good"], requests["total"]) == (sum(map(good, chat)), len(chat)), step
+        assert requests["events"] == "requests"
         error_ratio = 1 - good_tokens / all_tokens
         assert tokens["budget_consumed_ratio"] == pytest.approx(error_ratio / 0.1), step
 
