@@ -1,9 +1,10 @@
-"""Attainment and goodput over time, from the good and total event counts of each SLO.
+"""Attainment, goodput and token goodput over time, from the event counts of each SLO.
 
 Input is `slo_minutes` as the pipeline writes it (good and total requests per SLO, replica and
-minute). Counts add, so a bucket's attainment is its good / its total and its goodput is its good
-/ its length: exact at any bucket width, never a mean of ratios. Goodput here is the rate of
-good requests in a window (vLLM's `--goodput`), not the capacity at the SLO.
+minute, and the output tokens of both). Counts add, so a bucket's attainment is its good / its
+total and its goodput is its good / its length: exact at any bucket width, never a mean of
+ratios. Goodput here is the rate of good requests in a window (vLLM's `--goodput`), not the
+capacity at the SLO; token goodput the rate of the output tokens of those requests.
 """
 
 from __future__ import annotations
@@ -41,6 +42,27 @@ SLO_EVENTS_CONTRACT = FrameContract(
     ),
     optional=(REPLICA,),
 )
+
+
+TOKEN_EVENTS_CONTRACT = FrameContract(
+    "token goodput chart",
+    (
+        MINUTE_TS,
+        Column("slo", ColumnKind.TEXT, "SLO name"),
+        Column("good_output_tokens", ColumnKind.NUMBER, "output tokens of the good requests"),
+        Column("output_tokens", ColumnKind.NUMBER, "output tokens of all requests"),
+    ),
+    optional=(REPLICA,),
+)
+
+
+def has_token_counts(frame: pl.DataFrame | pl.LazyFrame) -> bool:
+    """Whether `slo_minutes` rows carry output token counts (trace-counted rows do)."""
+    schema = frame.lazy().collect_schema()
+    if "good_output_tokens" not in schema or "output_tokens" not in schema:
+        return False
+    counted = frame.lazy().select(pl.col("output_tokens").is_not_null().any()).collect()
+    return bool(counted.item())
 
 
 def _bucketed(rows: pl.DataFrame, *, width_s: int, bucket: pl.Expr) -> pl.DataFrame:
@@ -167,3 +189,55 @@ def goodput_chart(
     ]
     chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
     return titled(chart, title="Goodput", subtitle=[s for s in subtitle if s])
+
+
+def token_goodput_chart(
+    frame: pl.DataFrame | pl.LazyFrame,
+    *,
+    domain: TimeDomain | None = None,
+    max_points: int = MAX_POINTS_PER_SERIES,
+) -> Any:
+    """Output tokens per second of the requests meeting each SLO, against all output tokens
+    per second: goodput weighted by what each request generated."""
+    rows = (
+        TOKEN_EVENTS_CONTRACT.select(frame)
+        .drop_nulls("output_tokens")
+        .with_columns(good=pl.col("good_output_tokens").fill_null(0), total=pl.col("output_tokens"))
+    )
+    buckets = buckets_for(rows, domain=domain, max_points=max_points)
+    bucketed = _bucketed(rows, width_s=buckets.width_s, bucket=bucket_start("minute_ts", buckets))
+    good = bucketed.select("bucket", series=pl.format("good: {}", "slo"), rate=pl.col("good_per_s"))
+    # Every SLO counts the same requests unless scoped; the largest total is all of them.
+    everything = bucketed.group_by("bucket").agg(
+        series=pl.lit("all output tokens"), rate=pl.col("all_per_s").max()
+    )
+    data = compact(
+        pl.concat([good, everything.select(good.columns)])
+        .select(epoch_ms("bucket").alias("ts"), "series", "rate")
+        .sort("ts", "series")
+    )
+    order = [
+        "all output tokens",
+        *natural_order([s for s in data["series"].to_list() if s != "all output tokens"]),
+    ]
+    lines = series_lines(
+        data,
+        y="rate",
+        y_title="output tokens per second (tok/s)",
+        color="series",
+        color_title="output tokens",
+        domain=domain,
+        order=order,
+        value_format=".3g",
+        points=buckets.minutes <= 30,
+    )
+    subtitle = [
+        (
+            f"Token goodput: output tokens of the requests meeting each SLO per second, per "
+            f"{buckets.label}, against all output tokens per second, failed requests' included "
+            "(fleet)."
+        ),
+        buckets.note_with("tokens in it / its length (exact)"),
+    ]
+    chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
+    return titled(chart, title="Token goodput", subtitle=[s for s in subtitle if s])

@@ -23,7 +23,12 @@ from typing import Any
 import polars as pl
 
 from servewatch.dashboards.alert_band import alert_bands_chart
-from servewatch.dashboards.attainment import attainment_chart, goodput_chart
+from servewatch.dashboards.attainment import (
+    attainment_chart,
+    goodput_chart,
+    has_token_counts,
+    token_goodput_chart,
+)
 from servewatch.dashboards.burn_rate import burn_rate_chart
 from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
 from servewatch.dashboards.drill_timeline import drill_timeline_chart
@@ -237,6 +242,11 @@ def _facts(
         goodput = overall.get("goodput_rps")
         if goodput is not None:
             facts.append(("goodput", f"{float(goodput):.3g} good requests/s"))
+        tokens = overall.get("token_goodput_tps")
+        if tokens is not None:
+            ratio = overall.get("token_goodput_ratio")
+            share = "" if ratio is None else f" ({float(ratio):.2%} of output tokens)"
+            facts.append(("token goodput", f"{float(tokens):,.4g} good output tokens/s{share}"))
     return tuple(facts)
 
 
@@ -406,15 +416,25 @@ def _latency(
         out.add("request-phases", Section.LATENCY, title, chart)
 
 
-def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+def _slo_events(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    """Attainment, goodput and token goodput from `slo_minutes`."""
     if inputs.slo_minutes is not None:
         events = _in_window(inputs.slo_minutes, "minute_ts", window).collect()
         if not events.is_empty():
             chart = attainment_chart(events, objectives=inputs.slo_objectives, domain=window)
             out.add("attainment", Section.SLO, "SLO attainment", chart)
             out.add("goodput", Section.SLO, "Goodput", goodput_chart(events, domain=window))
+            if has_token_counts(events):
+                chart = token_goodput_chart(events, domain=window)
+                out.add("token-goodput", Section.SLO, "Token goodput", chart)
     if not any(c.slug == "attainment" for c in out.charts):
         out.omit("SLO attainment and goodput", "no data: needs slo_minutes")
+    elif not any(c.slug == "token-goodput" for c in out.charts):
+        out.omit("Token goodput", "no data: needs slo_minutes with output token counts")
+
+
+def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    _slo_events(out, inputs, window=window)
 
     if inputs.budget_remaining is not None:
         budget = _in_window(inputs.budget_remaining, "minute_ts", window).collect()

@@ -92,7 +92,9 @@ def request_minutes(requests: pl.LazyFrame) -> pl.LazyFrame:
 
 def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -> pl.LazyFrame:
     """Good and total events per SLO, minute and request dimensions (replica, pool, model,
-    tenant, so SLO scopes can select on them): the input of budgets and burn rates."""
+    tenant, so SLO scopes can select on them): the input of budgets and burn rates. Beside
+    the request counts, the output tokens of the good requests and of all requests (a
+    request without a token count adds none): the events of token goodput SLOs."""
     if not criteria:
         return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)
     prepared = requests.pipe(with_tpot).pipe(with_minute)
@@ -101,6 +103,12 @@ def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -
         .agg(
             criterion.good().sum().cast(pl.Int64).alias("good"),
             pl.len().cast(pl.Int64).alias("total"),
+            pl.col("completion_tokens")
+            .filter(criterion.good())
+            .sum()
+            .cast(pl.Int64)
+            .alias("good_output_tokens"),
+            pl.col("completion_tokens").sum().cast(pl.Int64).alias("output_tokens"),
         )
         .with_columns(slo=pl.lit(criterion.name))
         for criterion in criteria

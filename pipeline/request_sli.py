@@ -7,6 +7,10 @@ Definitions follow vLLM so numbers can be held against `vllm bench serve`:
 - A request is good iff it succeeded and every given limit holds, limits inclusive. For the TPOT
   limit a single-token output counts as TPOT 0, as the benchmark does.
 - Goodput = good requests / window length (req/s); attainment = good / all requests.
+- Token goodput = output tokens of good requests / window length (tokens/s); the token
+  goodput ratio = those tokens / the output tokens of every request, failed ones included
+  (tokens a failed request produced were produced and not delivered within the SLO). A
+  request without a token count adds none. See docs/sli.md.
 All functions are pure LazyFrame -> LazyFrame transforms.
 """
 
@@ -85,6 +89,8 @@ def _aggregations() -> list[pl.Expr]:
         pl.col("good").is_not_null().any().alias("has_limits"),
         pl.col("prompt_tokens").filter(ok).sum().alias("prompt_tokens"),
         pl.col("completion_tokens").filter(ok).sum().alias("completion_tokens"),
+        pl.col("completion_tokens").filter(pl.col("good")).sum().alias("good_output_tokens"),
+        pl.col("completion_tokens").sum().alias("output_tokens"),
         pl.col("window_s").first().alias("window_s"),
     ]
     for sli in LATENCY_SLIS:
@@ -114,6 +120,13 @@ def summarize(requests: pl.LazyFrame, *, by: Sequence[str] = ()) -> pl.LazyFrame
     has_limits = pl.col("has_limits")
     return grouped.with_columns(
         good_requests=pl.when(has_limits).then(pl.col("good_requests")).otherwise(None),
+        good_output_tokens=pl.when(has_limits).then(pl.col("good_output_tokens")).otherwise(None),
+        token_goodput_tps=pl.when(has_limits & window_ok)
+        .then(pl.col("good_output_tokens") / pl.col("window_s"))
+        .otherwise(None),
+        token_goodput_ratio=pl.when(has_limits & (pl.col("output_tokens") > 0))
+        .then(pl.col("good_output_tokens") / pl.col("output_tokens"))
+        .otherwise(None),
         attainment_ratio=pl.when(has_limits & (pl.col("requests") > 0))
         .then(pl.col("good_requests") / pl.col("requests"))
         .otherwise(None),

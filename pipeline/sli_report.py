@@ -42,6 +42,10 @@ COUNT_FIELDS = (
     "throughput_rps",
     "prompt_tokens",
     "completion_tokens",
+    "good_output_tokens",
+    "output_tokens",
+    "token_goodput_tps",
+    "token_goodput_ratio",
 )
 
 

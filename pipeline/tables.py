@@ -143,6 +143,10 @@ SLO_MINUTES_SCHEMA = pl.Schema(
         "pool": pl.String(),
         "model": pl.String(),
         "tenant": pl.String(),
+        # Output tokens of the good requests and of all requests (failed ones included): the
+        # events of token goodput SLOs. Null on rows counted from metrics, which cannot tell.
+        "good_output_tokens": pl.Int64(),
+        "output_tokens": pl.Int64(),
     }
 )
 

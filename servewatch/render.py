@@ -68,6 +68,8 @@ def sli_table(report: dict[str, Any]) -> Table:
         "e2e p50/p95/p99 ms",
         "attainment %",
         "goodput req/s",
+        "token goodput tok/s",
+        "token goodput %",
     ):
         table.add_column(header, justify="left" if header == group else "right")
 
@@ -85,6 +87,8 @@ def sli_table(report: dict[str, Any]) -> Table:
             triple(row["e2e_s"]),
             _fmt(row["attainment_ratio"], scale=100.0),
             _fmt(row["goodput_rps"], digits=3),
+            _fmt(row["token_goodput_tps"], digits=1),
+            _fmt(row["token_goodput_ratio"], scale=100.0),
             end_section=index == len(rows) - 2,
         )
     return table
@@ -101,6 +105,7 @@ def sli_series_table(report: dict[str, Any]) -> Table:
         "TPOT p95 ms",
         "attainment %",
         "goodput req/s",
+        "token goodput tok/s",
     ):
         table.add_column(header, justify="left" if header == "from" else "right")
     for window in report.get("series", []):
@@ -113,6 +118,7 @@ def sli_series_table(report: dict[str, Any]) -> Table:
             _fmt(row["tpot_s"]["p95"], scale=1000.0, digits=0),
             _fmt(row["attainment_ratio"], scale=100.0),
             _fmt(row["goodput_rps"], digits=3),
+            _fmt(row["token_goodput_tps"], digits=1),
         )
     return table
 
@@ -228,7 +234,8 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
             status.slo,
             f"{status.objective_ratio:.4%}",
             status.period,
-            f"{status.good:,}/{status.total:,}",
+            f"{status.good:,}/{status.total:,}"
+            + (" tokens" if status.events == "output tokens" else ""),
             _fmt(status.error_ratio, digits=5),
             _fmt(status.budget_remaining_ratio, scale=100.0),
             _fmt(status.current_burn_rate, digits=2),

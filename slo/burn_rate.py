@@ -3,7 +3,8 @@
 Input is the pipeline's per-minute event counts: `minute_ts` (start of the minute, naive UTC),
 `slo`, `good`, `total`, and optional scope columns (`replica`, `pool`, `model`, `tenant`) that
 a spec's scope selects on. A window is the sum of its whole minutes, so its error ratio is
-sum(bad) / sum(total): traffic-weighted, never a mean of per-minute ratios.
+sum(bad) / sum(total): traffic-weighted, never a mean of per-minute ratios. Token goodput
+SLOs count output tokens instead (`good_output_tokens`, `output_tokens`), in the same sums.
 
 An evaluation at instant `at` sees the window [at - W, at) of minutes that have ended; inside a
 minute, `at` is floored to the minute (an evaluation at 12:03:40 counts minutes up to 12:02).
@@ -80,7 +81,27 @@ def scoped_minutes(minutes: pl.LazyFrame, *, specs: Sequence[SloSpec]) -> pl.Laz
                 )
             condition &= pl.col(key) == value
         keep |= condition
-    return minutes.filter(keep).select(MINUTES_COLUMNS)
+    return minutes.filter(keep).pipe(_events, specs=specs).select(MINUTES_COLUMNS)
+
+
+def _events(minutes: pl.LazyFrame, *, specs: Sequence[SloSpec]) -> pl.LazyFrame:
+    """`good` and `total` as each SLO counts its events: output tokens for token goodput SLOs
+    (`slo_minutes.good_output_tokens`, `output_tokens`), requests for the others."""
+    tokens = [spec.name for spec in specs if spec.counts_tokens]
+    if not tokens:
+        return minutes
+    columns = set(minutes.collect_schema().names())
+    missing = {"good_output_tokens", "output_tokens"} - columns
+    if missing:
+        raise ValueError(
+            f"SLO(s) {', '.join(tokens)} count output tokens, but the minute counts have no "
+            f"{', '.join(sorted(missing))} column"
+        )
+    by_tokens = pl.col("slo").is_in(tokens)
+    return minutes.with_columns(
+        good=pl.when(by_tokens).then(pl.col("good_output_tokens")).otherwise(pl.col("good")),
+        total=pl.when(by_tokens).then(pl.col("output_tokens")).otherwise(pl.col("total")),
+    )
 
 
 def _needed_windows(

@@ -31,6 +31,7 @@ class SliKind(Enum):
     LATENCY = "latency"
     AVAILABILITY = "availability"
     GOODPUT = "goodput"
+    TOKEN_GOODPUT = "token_goodput"  # noqa: S105 - an SLI kind that says "token", no secret
 
 
 class SliSource(Enum):
@@ -82,7 +83,25 @@ class GoodputSli:
         return SliSource.TRACES
 
 
-Sli = LatencySli | AvailabilitySli | GoodputSli
+@dataclass(frozen=True)
+class TokenGoodputSli:
+    """Goodput counted in output tokens: the good events are the output tokens of requests
+    that succeeded and met both limits, the total the output tokens of every request (failed
+    ones included), so the ratio is good output tokens / all output tokens (docs/slo.md)."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @property
+    def kind(self) -> SliKind:
+        return SliKind.TOKEN_GOODPUT
+
+    @property
+    def source(self) -> SliSource:
+        return SliSource.TRACES
+
+
+Sli = LatencySli | AvailabilitySli | GoodputSli | TokenGoodputSli
 
 
 @dataclass(frozen=True)
@@ -96,6 +115,12 @@ class SloSpec:
     min_events: int = 1
     labels: tuple[tuple[str, str], ...] = ()
     description: str = ""
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether this SLO's events are output tokens (`slo_minutes.good_output_tokens` and
+        `output_tokens`) rather than requests (`good` and `total`)."""
+        return isinstance(self.sli, TokenGoodputSli)
 
     @property
     def error_budget_ratio(self) -> float:
@@ -145,7 +170,7 @@ class SloSpec:
                 )
             case AvailabilitySli(source=SliSource.TRACES):
                 return EventCriterion(self.name)
-            case GoodputSli() as sli:
+            case GoodputSli() | TokenGoodputSli() as sli:
                 return EventCriterion(self.name, ttft_limit_s=sli.ttft_s, tpot_limit_s=sli.tpot_s)
             case _:
                 return None

@@ -33,6 +33,7 @@ from servewatch.slo.spec import (
     SliKind,
     SliSource,
     SloSpec,
+    TokenGoodputSli,
 )
 from servewatch.slo.windows import BurnWindow, burn_windows_from_items, default_burn_windows
 
@@ -113,7 +114,9 @@ def parse_slo(
     description = fields.text("description", default="") or ""
     sli_fields = fields.mapping("sli")
     if sli_fields is None:
-        raise fields.fail("sli", "is required (kind: latency, availability or goodput)")
+        raise fields.fail(
+            "sli", "is required (kind: latency, availability, goodput or token_goodput)"
+        )
     sli = parse_sli(sli_fields, buckets=buckets)
     objective_ratio = _objective(fields)
     period_s = fields.duration_s("period", default_s=DEFAULT_PERIOD_S)
@@ -168,10 +171,14 @@ def parse_sli(fields: Fields, *, buckets: Buckets) -> Sli:
         if source is not SliSource.TRACES:
             raise fields.fail(
                 "source",
-                "goodput needs source: traces; histograms count TTFT and TPOT separately and "
-                "cannot tell whether one request met both limits",
+                f"{kind.value} needs source: traces; histograms count TTFT and TPOT separately "
+                "and cannot tell whether one request met both limits",
             )
-        sli = GoodputSli(ttft_s=ttft_s, tpot_s=tpot_s)
+        sli = (
+            TokenGoodputSli(ttft_s=ttft_s, tpot_s=tpot_s)
+            if kind is SliKind.TOKEN_GOODPUT
+            else GoodputSli(ttft_s=ttft_s, tpot_s=tpot_s)
+        )
     fields.done()
     return sli
 

@@ -61,6 +61,8 @@ class SloStatus:
     time_to_exhaustion_s: float | None
     windows: tuple[WindowBurn, ...]
     alerts: tuple[AlertStatus, ...]
+    # What `good` and `total` count: requests, or output tokens for token goodput SLOs.
+    events: str = "requests"
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types; times as ISO 8601 UTC with a Z."""
@@ -146,6 +148,7 @@ def slo_status(
                 time_to_exhaustion_s=budget["time_to_exhaustion_s"],
                 windows=windows,
                 alerts=tuple(alerts),
+                events="output tokens" if spec.counts_tokens else "requests",
             )
         )
     return tuple(statuses)

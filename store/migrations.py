@@ -383,4 +383,17 @@ MIGRATIONS += (
 )
 
 
+MIGRATIONS += (
+    Migration(
+        version=11,
+        description="slo_minutes.good_output_tokens and output_tokens: the output tokens of "
+        "the good requests and of all requests, the events of token goodput SLOs",
+        statements=(
+            "ALTER TABLE slo_minutes ADD COLUMN good_output_tokens BIGINT",
+            "ALTER TABLE slo_minutes ADD COLUMN output_tokens BIGINT",
+        ),
+    ),
+)
+
+
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -42,11 +42,14 @@ class GoodEventLimits(Protocol):
 
 # Bump when request_minutes' computation changes, so stored minutes are recomputed once.
 REQUEST_MINUTES_VERSION = "request_minutes/1"
+# The same for slo_minutes (2: output tokens of good and of all requests, migration 11).
+SLO_MINUTES_VERSION = "slo_minutes/2"
 
 
 def criteria_fingerprint(criteria: Sequence[GoodEventLimits]) -> str:
-    """What `slo_minutes` was rolled up for: a change of criteria recomputes it."""
-    text = "|".join(sorted(repr(c) for c in criteria))
+    """What `slo_minutes` was rolled up for: a change of criteria, or of the computation
+    (`SLO_MINUTES_VERSION`), recomputes it."""
+    text = "|".join([SLO_MINUTES_VERSION, *sorted(repr(c) for c in criteria)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -184,6 +187,7 @@ class MinuteRollups(StoreBase):
                 limit_params: list[object] = []
                 for index, criterion in enumerate(criteria):
                     condition = "ok"
+                    limits: list[object] = []
                     for column, limit in (
                         ("ttft_s", criterion.ttft_limit_s),
                         (f"coalesce({TPOT_SQL}, 0)", criterion.tpot_limit_s),
@@ -191,17 +195,26 @@ class MinuteRollups(StoreBase):
                     ):
                         if limit is not None:
                             condition += f" AND {column} <= ?"
-                            limit_params.append(float(limit))
+                            limits.append(float(limit))
+                    # The good requests and their output tokens: the condition twice.
                     goods.append(f"count(*) FILTER (WHERE {condition}) AS good_{index}")
+                    goods.append(
+                        f"coalesce(sum(completion_tokens) FILTER (WHERE {condition}), 0) "
+                        f"AS good_tokens_{index}"
+                    )
+                    limit_params.extend([*limits, *limits])
                 per_slo = " UNION ALL ".join(
                     f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
-                    "pool, model, tenant FROM grouped"
+                    f"pool, model, tenant, good_tokens_{index} AS good_output_tokens, "
+                    "output_tokens FROM grouped"
                     for index in range(len(criteria))
                 )
                 sql = f"""
                     WITH grouped AS (
                         SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
-                               tenant, count(*) AS total, {", ".join(goods)}
+                               tenant, count(*) AS total,
+                               coalesce(sum(completion_tokens), 0) AS output_tokens,
+                               {", ".join(goods)}
                         FROM requests{where}
                         GROUP BY ALL
                     )

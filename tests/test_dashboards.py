@@ -51,6 +51,7 @@ SLUGS = (
     "request-phases",
     "attainment",
     "goodput",
+    "token-goodput",
     "error-budget",
     "burn-rate-availability",
     "burn-rate-chat-latency",
@@ -440,12 +441,9 @@ def test_report_from_a_store_of_ingested_spans(store: Store) -> None:
     """What `servewatch report` does today: frames read from the store, nothing else."""
     ingest_trace_files([FIXTURES / "vllm_spans_small" / "spans.jsonl"], store=store)
     limits = GoodputLimits(ttft_s=0.5, tpot_s=0.05)
+    sli_report = build_sli_report(store.read_window(), limits=limits)
     report = build_report(
-        ReportInputs(
-            requests=store.read_requests(),
-            sli_report=build_sli_report(store.read_window(), limits=limits),
-        ),
-        limits=limits,
+        ReportInputs(requests=store.read_requests(), sli_report=sli_report), limits=limits
     )
     assert [c.slug for c in report.charts][:3] == ["latency-ttft", "latency-tpot", "latency-e2e"]
     facts = dict(report.facts)
@@ -453,6 +451,14 @@ def test_report_from_a_store_of_ingested_spans(store: Store) -> None:
     assert facts["replicas"] == "3"
     assert facts["latency limits"] == "TTFT <= 500 ms, TPOT <= 50 ms"
     assert facts["attainment"].endswith("of requests met every limit")
+    # Token goodput beside request goodput (the figures `sli` reports; test_replay holds them
+    # to an oracle over the raw spans).
+    overall = sli_report["overall"]
+    assert 0 < overall["token_goodput_ratio"] < 1
+    assert facts["token goodput"] == (
+        f"{overall['token_goodput_tps']:,.4g} good output tokens/s "
+        f"({overall['token_goodput_ratio']:.2%} of output tokens)"
+    )
     assert report.window is not None
     assert report.window[0] == report.window[0].replace(second=0, microsecond=0)
     for chart in report.charts:

@@ -201,7 +201,14 @@ def fleet_series() -> list[FakeSeries]:
 
 
 def window(**changes: object) -> ImportWindow:
-    spec: dict[str, object] = {"start": T0, "end": T0 + timedelta(seconds=135), "step_s": 15.0}
+    # The cases below were written for step instants, whose query_range the fake answers as
+    # Prometheus does; raw reads (the default) have cases of their own.
+    spec: dict[str, object] = {
+        "start": T0,
+        "end": T0 + timedelta(seconds=135),
+        "step_s": 15.0,
+        "resolution": Resolution.STEP,
+    }
     spec.update(changes)
     return ImportWindow(**spec)  # type: ignore[arg-type]
 
@@ -549,7 +556,14 @@ def test_keep_all_imports_the_other_families_of_the_same_jobs_only(store: Store)
     assert "up" not in set(series["metric"])
 
 
-def test_raw_import_stores_the_samples_at_their_own_times(store: Store) -> None:
+def test_an_import_window_reads_raw_samples_unless_told_otherwise() -> None:
+    assert ImportWindow(start=T0, end=T0 + timedelta(minutes=1)).resolution is Resolution.RAW
+
+
+@pytest.mark.parametrize("resolution", [Resolution.RAW, None], ids=["raw", "default"])
+def test_raw_import_stores_the_samples_at_their_own_times(
+    store: Store, resolution: Resolution | None
+) -> None:
     samples = [(ms(7.5 + 10 * i), float(i)) for i in range(12)]  # off any step grid
     fake = FakePrometheus(
         [
@@ -557,7 +571,12 @@ def test_raw_import_stores_the_samples_at_their_own_times(store: Store) -> None:
             FakeSeries({"__name__": "up", **VLLM0}, [(ts, 1.0) for ts, _ in samples]),
         ]
     )
-    report = run_import(fake, store, resolution=Resolution.RAW, step_s=10.0, chunk_points=3)
+    chosen = {} if resolution is None else {"resolution": resolution}
+    spec = {"start": T0, "end": T0 + timedelta(seconds=135), "step_s": 10.0, "chunk_points": 3}
+    with fake.client() as client:
+        api = PrometheusApi(client, URL)
+        plan = plan_import(api, window=ImportWindow(**spec, **chosen))  # type: ignore[arg-type]
+        report = import_range(api, store=store, plan=plan)
     points = store.read_points().collect()
     assert [to_ms(ts) for ts in points["ts"]] == [ts for ts, _ in samples]
     assert points["value"].to_list() == [float(i) for i in range(12)]
@@ -623,6 +642,8 @@ def test_a_kind_label_names_the_kind_of_a_target_no_catalogue_name_decides(
 
 # -- the command -------------------------------------------------------------------------------
 
+HOUR = ("--from", "2026-11-18T10:00:00Z", "--to", "2026-11-18T11:00:00Z")
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -636,6 +657,14 @@ def test_a_kind_label_names_the_kind_of_a_target_no_catalogue_name_decides(
         (
             ["--from", "2026-11-18T10:00:00Z", "--to", "2026-11-18T11:00:00Z", "--step", "0s"],
             "is not a duration",
+        ),
+        (
+            [*HOUR, "--raw", "--resolution", "step"],
+            "--raw and --resolution step contradict each other",
+        ),
+        (
+            [*HOUR, "--resolution", "exact"],
+            "Invalid value for '--resolution'",
         ),
     ],
 )
@@ -682,6 +711,37 @@ def test_the_old_spelling_imports_too_with_a_note(tmp_path: Path, runner: CliRun
     stderr = " ".join(result.stderr.split())
     assert "is now `servewatch import prometheus URL`" in stderr
     assert f"{url}/api/v1/label/__name__/values: cannot reach the server" in stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "noted"),
+    [([], False), (["--step", "30s"], True), (["--step", "30s", "--resolution", "step"], False)],
+)
+def test_a_step_alone_is_noted_to_size_the_chunks_of_a_raw_import(
+    tmp_path: Path, runner: CliRunner, options: list[str], noted: bool
+) -> None:
+    """Before raw reads were the default, `--step` alone meant values at step instants."""
+    url = f"http://127.0.0.1:{free_port()}"
+    result = runner.invoke(
+        app,
+        [
+            "--db",
+            str(tmp_path / "s.duckdb"),
+            "import",
+            "prometheus",
+            url,
+            "--config",
+            str(tmp_path / "none.toml"),
+            "--from",
+            "2026-11-18T10:00:00Z",
+            "--to",
+            "2026-11-18T11:00:00Z",
+            *options,
+        ],
+    )
+    assert result.exit_code == 1  # unreachable: the options were accepted
+    stderr = " ".join(result.stderr.split())
+    assert ("--step sizes its chunks. Give --resolution step" in stderr) is noted
 
 
 def test_import_from_an_unreachable_prometheus_fails_naming_the_url(

@@ -5,16 +5,21 @@ scraped every second by a real Prometheus for about 22 s, during which replica v
 at 6 s and starts again (1 s cold start) at 10 s, so its counters drop back to zero: a
 counter reset between two scrapes, with failed scrapes (`up == 0`) in between.
 
-- `servewatch import prometheus` (issue #4) imports the range at step = scrape
-  interval; the stored points must be exactly what Prometheus's own query_range answers at
-  the same instants, and importing again must change nothing.
+- `servewatch import prometheus` by default (issue #19) reads the samples as stored: the
+  stored points are exactly Prometheus's raw samples, and `sli --source histograms` figures
+  over them (counter increases, TTFT quantiles, gauge means) equal what PromQL answers for
+  the same windows.
+- `servewatch import prometheus --resolution step` (issue #4) imports the range at step =
+  scrape interval; the stored points must be exactly what Prometheus's own query_range
+  answers at the same instants, and importing again must change nothing.
 - rate and increase (issue #5): Prometheus's `/api/v1/query` answers `rate(x[w])` and
   `increase(x[w])` at chosen instants; servewatch computes `pipeline.promql.rate_frame` and
   `increase_frame` (the forms the pipelines use) and the scalar `rate` and `increase` at the
-  same instants over the raw samples the reader imported (RAW resolution: the samples
-  Prometheus stored, at their own scrape timestamps, so both sides see the same inputs). The
-  frame forms must agree within 1 %, the scalar forms bit for bit. (The frame forms can be a
-  last-digit off: Polars divides a column by a constant as a product with its reciprocal.)
+  same instants over the samples the reader imported at its default resolution (raw: the
+  samples Prometheus stored, at their own scrape timestamps, so both sides see the same
+  inputs). The frame forms must agree within 1 %, the scalar forms bit for bit. (The frame
+  forms can be a last-digit off: Polars divides a column by a constant as a product with its
+  reciprocal.)
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,7 @@ from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fleet_config import FleetConfig, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.pipeline.promql import increase, increase_frame, rate, rate_frame
+from servewatch.pipeline.sli_report import Grouping, histogram_section
 from servewatch.store import Store
 from tests.live_prometheus import (
     fleet_ports,
@@ -123,6 +130,102 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recording]:
         )
 
 
+# -- issue #19: the default import is exact ---------------------------------------------------
+
+# (PromQL at instant t over range w, the figure of one replica's `sli` histogram block)
+PROMQL_FIGURES: tuple[tuple[str, Callable[[dict[str, Any]], float | None]], ...] = (
+    (
+        "sum by (replica) (increase(vllm:generation_tokens_total[{w}]))",
+        lambda b: b["generation_tokens"],
+    ),
+    ("sum by (replica) (increase(vllm:prompt_tokens_total[{w}]))", lambda b: b["prompt_tokens"]),
+    (
+        (
+            "histogram_quantile(0.95, sum by (replica, le) "
+            "(increase(vllm:time_to_first_token_seconds_bucket[{w}])))"
+        ),
+        lambda b: b["ttft_s"]["p95"],
+    ),
+    (
+        (
+            "histogram_quantile(0.99, sum by (replica, le) "
+            "(increase(vllm:time_to_first_token_seconds_bucket[{w}])))"
+        ),
+        lambda b: b["ttft_s"]["p99"],
+    ),
+    (
+        "avg by (replica) (avg_over_time(vllm:kv_cache_usage_perc[{w}]))",
+        lambda b: b["kv_cache_usage_ratio"]["mean"],
+    ),
+    (
+        "sum by (replica) (avg_over_time(vllm:num_requests_running[{w}]))",
+        lambda b: b["requests_running"]["mean"],
+    ),
+)
+
+
+def test_the_default_import_stores_raw_samples_whose_slis_equal_promql(
+    recording: Recording, tmp_path: Path
+) -> None:
+    db = tmp_path / "default.duckdb"
+    args = ["--db", str(db), "import", "prometheus", recording.url]
+    args += ["--config", str(tmp_path / "absent.toml"), "--json"]
+    args += ["--from", str(recording.start_ms // 1000 - 3), "--to", str(recording.end_ms // 1000)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["resolution"] == "raw"
+    assert report["problems"] == []
+
+    with Store.open(db) as store:
+        # The stored points are the samples Prometheus holds, at their own scrape times.
+        points = store.read_points().join(store.read_series(), on="series_id").collect()
+        tokens = "vllm:generation_tokens_total"
+        range_s = (recording.end_ms - recording.start_ms) // 1000 + 3
+        raw = instant_query(
+            recording.client, f"{tokens}[{range_s}s]", time_s=recording.end_ms / 1000 - 0.001
+        )
+        expected = {
+            (target_id_of(s["metric"]) or "", round(ts * 1000), float(v))
+            for s in raw
+            for ts, v in s["values"]
+        }
+        got = {
+            (target_id, to_ms(ts), value)
+            for target_id, ts, value in points.filter(pl.col("metric") == tokens)
+            .select("target_id", "ts", "value")
+            .iter_rows()
+        }
+        assert got == expected
+
+        window_s = 10
+        compared = 0
+        for at_ms in range(recording.start_ms + 12_000, recording.end_ms - 1_000 + 1, 1_500):
+            at = from_ms(at_ms)
+            section = histogram_section(
+                store.read_window(from_ts=at - timedelta(seconds=window_s), to_ts=at),
+                by=Grouping.REPLICA,
+            )
+            assert section is not None
+            blocks = {g["replica"]: g for g in section["groups"]}
+            for expr, pick in PROMQL_FIGURES:
+                query = expr.format(w=f"{window_s}s")
+                for item in instant_query(recording.client, query, time_s=at_ms / 1000):
+                    want = float(item["value"][1])
+                    if math.isnan(want):
+                        continue
+                    got_value = pick(blocks[item["metric"]["replica"]])
+                    assert got_value is not None, (query, at_ms)
+                    assert math.isclose(got_value, want, rel_tol=1e-9, abs_tol=1e-12), (
+                        query,
+                        at_ms,
+                        got_value,
+                        want,
+                    )
+                    compared += 1
+        assert compared >= 50  # six figures, four replicas, six or more instants, less NaNs
+
+
 # -- issue #4: the import at step = scrape interval --------------------------------------------
 
 
@@ -151,7 +254,7 @@ def _stored(db: Path) -> dict[str, pl.DataFrame]:
         }
 
 
-def test_scrape_from_prometheus_stores_what_prometheus_answers_at_each_step(
+def test_a_step_import_stores_what_prometheus_answers_at_each_step(
     recording: Recording, tmp_path: Path
 ) -> None:
     db = tmp_path / "imported.duckdb"
@@ -169,11 +272,14 @@ def test_scrape_from_prometheus_stores_what_prometheus_answers_at_each_step(
         str(recording.end_ms // 1000),
         "--step",
         "1s",
+        "--resolution",
+        "step",
         "--json",
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
+    assert report["resolution"] == "step"
     assert {"vllm:generation_tokens_total", "DCGM_FI_DEV_GPU_UTIL"} <= set(report["families"])
     assert report["problems"] == []
     assert report["unassigned_series"] == 0
@@ -235,14 +341,15 @@ def test_scrape_from_prometheus_stores_what_prometheus_answers_at_each_step(
 
 @pytest.fixture(scope="module")
 def raw_store(recording: Recording) -> Iterator[Store]:
-    """The recording's raw samples, imported by the reader in chunks of 7 scrapes."""
+    """The recording imported by the reader at its default resolution (the raw samples), in
+    chunks of 7 scrapes."""
     window = ImportWindow(
         start=from_ms(recording.start_ms - 3_000),
         end=from_ms(recording.end_ms + 3_000),
         step_s=1.0,
-        resolution=Resolution.RAW,
         chunk_points=7,
     )
+    assert window.resolution is Resolution.RAW
     with Store.open(":memory:") as store, httpx.Client() as client:
         api = PrometheusApi(client, recording.url)
         report = import_range(api, store=store, plan=plan_import(api, window=window))

@@ -119,12 +119,26 @@ def oracle(requests: list[dict[str, Any]], args: list[str]) -> dict[str, Any]:
                 tpot = r["decode"] / (r["n"] - 1) if r["n"] > 1 else 0.0
                 metric = {"ttft": r["ttft"], "tpot": tpot, "e2e": r["e2e"]}
                 good += all(metric[k] <= v for k, v in limits.items())
+        good_tokens = None
+        if limits:
+            good_tokens = 0
+            for r in ok:
+                tpot = r["decode"] / (r["n"] - 1) if r["n"] > 1 else 0.0
+                metric = {"ttft": r["ttft"], "tpot": tpot, "e2e": r["e2e"]}
+                good_tokens += r["n"] if all(metric[k] <= v for k, v in limits.items()) else 0
+        all_tokens = sum(r["n"] for r in rows)
         result: dict[str, Any] = {
             "requests": len(rows),
             "failed_requests": len(rows) - len(ok),
             "good_requests": good,
             "goodput_rps": None if good is None else good / window,
             "attainment_ratio": None if good is None or not rows else good / len(rows),
+            "output_tokens": all_tokens,
+            "good_output_tokens": good_tokens,
+            "token_goodput_tps": None if good_tokens is None else good_tokens / window,
+            "token_goodput_ratio": None
+            if good_tokens is None or not all_tokens
+            else good_tokens / all_tokens,
         }
         for name, values in (
             ("ttft_s", [r["ttft"] for r in ok]),

@@ -112,12 +112,42 @@ def test_summary_counts_percentiles_and_goodput_by_hand() -> None:
     assert out["prompt_tokens"] == 500
 
 
+def test_token_goodput_counts_output_tokens_of_good_requests_against_all_by_hand() -> None:
+    rows: list[dict[str, object]] = [
+        # good: TTFT within 0.3 s
+        {"completion_tokens": 100, "ttft_s": 0.2, "decode_s": 1.0, "e2e_s": 1.2},
+        # too slow: its tokens are output, not good
+        {"completion_tokens": 50, "ttft_s": 0.4, "decode_s": 0.5, "e2e_s": 0.9},
+        # failed after streaming 30 tokens: output, never good
+        {"completion_tokens": 30, "ttft_s": 0.1, "decode_s": 0.3, "e2e_s": 0.4, "ok": False},
+        # good, but the span has no token count: adds no tokens to either side
+        {"completion_tokens": None, "ttft_s": 0.1, "decode_s": 0.3, "e2e_s": 0.4},
+    ]
+    out = (
+        frame(rows)
+        .pipe(request_slis, limits=GoodputLimits(ttft_s=0.3), window_s=10.0)
+        .collect()
+        .row(0, named=True)
+    )
+    assert out["good_requests"] == 2
+    assert out["good_output_tokens"] == 100
+    assert out["output_tokens"] == 180
+    # completion_tokens stays what it was: the successful requests' tokens.
+    assert out["completion_tokens"] == 150
+    assert out["token_goodput_tps"] == pytest.approx(10.0)
+    assert out["token_goodput_ratio"] == pytest.approx(100 / 180)
+
+
 def test_without_limits_goodput_is_not_invented() -> None:
     lf = frame([{"completion_tokens": 3, "ttft_s": 0.1, "decode_s": 0.1, "e2e_s": 0.2}])
     out = lf.pipe(request_slis, limits=GoodputLimits()).collect().row(0, named=True)
     assert out["good_requests"] is None
     assert out["goodput_rps"] is None
     assert out["attainment_ratio"] is None
+    assert out["good_output_tokens"] is None
+    assert out["token_goodput_tps"] is None
+    assert out["token_goodput_ratio"] is None
+    assert out["output_tokens"] == 3
 
 
 def test_explicit_window_sets_the_rate_denominator() -> None:

@@ -3,8 +3,10 @@ window computed from the raw rows (property tests against a brute-force oracle).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -32,6 +34,8 @@ request_st = st.fixed_dictionaries(
         "ttft_s": st.sampled_from([0.1, 0.5, 0.7]),
         "decode_s": st.sampled_from([0.0, 0.4, 2.0]),
         "completion_tokens": st.sampled_from([1, 9, 41]),
+        # A span may lack the output token count: it adds no tokens, good or not.
+        "tokens_known": st.booleans(),
     }
 )
 
@@ -50,7 +54,9 @@ def frame(rows: list[dict[str, Any]], start_index: int) -> pl.DataFrame:
                 "end_ts": end,
                 "ok": row["ok"],
                 "prompt_tokens": 100,
-                "completion_tokens": row["completion_tokens"],
+                "completion_tokens": row["completion_tokens"]
+                if row.get("tokens_known", True)
+                else None,
                 "ttft_s": row["ttft_s"],
                 "decode_s": row["decode_s"],
                 "e2e_s": row["ttft_s"] + row["decode_s"],
@@ -60,19 +66,28 @@ def frame(rows: list[dict[str, Any]], start_index: int) -> pl.DataFrame:
     return pl.DataFrame(full, schema=REQUESTS_SCHEMA)
 
 
+def is_good(row: dict[str, Any], criterion: EventCriterion) -> bool:
+    # Without a token count TPOT is unknown, which meets any TPOT limit.
+    n = row["completion_tokens"] if row.get("tokens_known", True) else 0
+    tpot = row["decode_s"] / (n - 1) if n > 1 else 0
+    return row["ok"] and all(
+        (
+            criterion.ttft_limit_s is None or row["ttft_s"] <= criterion.ttft_limit_s,
+            criterion.tpot_limit_s is None or tpot <= criterion.tpot_limit_s,
+        )
+    )
+
+
 def brute_force_good(rows: list[dict[str, Any]], criterion: EventCriterion) -> int:
-    good = 0
-    for row in rows:
-        tpot = (
-            row["decode_s"] / (row["completion_tokens"] - 1) if row["completion_tokens"] > 1 else 0
-        )
-        good += row["ok"] and all(
-            (
-                criterion.ttft_limit_s is None or row["ttft_s"] <= criterion.ttft_limit_s,
-                criterion.tpot_limit_s is None or tpot <= criterion.tpot_limit_s,
-            )
-        )
-    return good
+    return sum(is_good(row, criterion) for row in rows)
+
+
+def tokens(row: dict[str, Any]) -> int:
+    return row["completion_tokens"] if row.get("tokens_known", True) else 0
+
+
+def brute_force_good_tokens(rows: list[dict[str, Any]], criterion: EventCriterion) -> int:
+    return sum(tokens(row) for row in rows if is_good(row, criterion))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,6 +133,8 @@ def test_incremental_rollups_sum_to_any_window(
         )
         assert summed["total"].sum() == len(in_window)
         assert summed["good"].sum() == brute_force_good(in_window, criterion)
+        assert summed["output_tokens"].sum() == sum(tokens(row) for row in in_window)
+        assert summed["good_output_tokens"].sum() == brute_force_good_tokens(in_window, criterion)
 
 
 def test_nothing_new_does_no_work_and_criteria_change_recomputes() -> None:
@@ -163,3 +180,32 @@ def test_nothing_new_does_no_work_and_criteria_change_recomputes() -> None:
         )
         assert minute["total"].sum() == 2
         assert minute["good"].sum() == 1
+
+
+def test_minutes_rolled_up_before_token_counts_are_recomputed_once(tmp_path: Path) -> None:
+    db = tmp_path / "before-11.duckdb"
+    rows = [
+        {"end_s": s, "replica": "r0", "ok": True, "ttft_s": 0.1, "decode_s": 0.4}
+        | {"completion_tokens": 9}
+        for s in (5, 65)
+    ]
+    with Store.open(db, clock=lambda: T0 + timedelta(hours=1)) as store:
+        store.write_requests(frame(rows, 0))
+        roll_up_requests(store, criteria=CRITERIA)
+        # As the store was before migration 11: no token columns, fingerprinted without a
+        # computation version.
+        store._con.execute("ALTER TABLE slo_minutes DROP COLUMN good_output_tokens")
+        store._con.execute("ALTER TABLE slo_minutes DROP COLUMN output_tokens")
+        store._con.execute("DELETE FROM schema_version WHERE version = 11")
+        text = "|".join(sorted(repr(c) for c in CRITERIA))
+        old = hashlib.sha256(text.encode()).hexdigest()[:16]
+        store._con.execute(
+            "UPDATE rollup_watermarks SET fingerprint = ? WHERE source = 'slo_minutes'", [old]
+        )
+    with Store.open(db, clock=lambda: T0 + timedelta(hours=2)) as store:
+        assert store.read_slo_minutes().collect()["output_tokens"].null_count() > 0
+        report = roll_up_requests(store, criteria=CRITERIA)
+        assert report.full
+        minutes = store.read_slo_minutes().collect()
+        assert minutes["output_tokens"].to_list() == [9] * len(minutes)
+        assert roll_up_requests(store, criteria=CRITERIA).minutes == 0

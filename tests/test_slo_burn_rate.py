@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from servewatch.slo.budget import budget_status, burn_rates_at
 from servewatch.slo.burn_rate import window_sums_at, window_sums_every_minute
-from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.spec import AvailabilitySli, GoodputSli, SloSpec, TokenGoodputSli
 from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 
 T0 = datetime(2026, 11, 18, 0, 0)
@@ -207,3 +207,27 @@ def test_budget_counts_only_the_rolling_period() -> None:
     (status,) = budget_status(frame, specs=[spec_30d()], at=T0).collect().rows(named=True)
     assert (status["good"], status["total"], status["bad"]) == (999, 1000, 1)
     assert status["current_burn_rate"] is None  # nothing in the last hour
+
+
+def test_token_goodput_slos_sum_output_tokens_and_the_others_requests() -> None:
+    specs = (
+        SloSpec("requests", GoodputSli(ttft_s=0.5, tpot_s=0.05), 0.9, WEEK_S, SMALL_WINDOWS[:1]),
+        SloSpec("tokens", TokenGoodputSli(ttft_s=0.5, tpot_s=0.05), 0.9, WEEK_S, SMALL_WINDOWS[:1]),
+    )
+    at = T0 + timedelta(minutes=10)
+    minutes = pl.LazyFrame(
+        {
+            "minute_ts": [T0 + timedelta(minutes=m) for m in (8, 9, 8, 9)],
+            "slo": ["requests", "requests", "tokens", "tokens"],
+            "good": [3, 4, 3, 4],
+            "total": [5, 5, 5, 5],
+            "good_output_tokens": [300, 40, 300, 40],
+            "output_tokens": [500, 400, 500, 400],
+        }
+    )
+    sums = as_dict(window_sums_at(minutes, specs=specs, at=at).collect())
+    short = SMALL_WINDOWS[0].short_window_s
+    assert sums[("requests", short)] == (7, 10)
+    assert sums[("tokens", short)] == (340, 900)
+    with pytest.raises(ValueError, match="tokens count output tokens, but the minute counts"):
+        window_sums_at(minutes.drop("output_tokens"), specs=specs, at=at).collect()

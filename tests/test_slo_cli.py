@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -44,6 +45,58 @@ def test_status_counts_equal_the_raw_spans(db: str, runner: CliRunner) -> None:
     assert statuses["chat-goodput"]["good"] == goodput
     error_ratio = 1 - len(ok) / len(raw)
     assert statuses["availability"]["budget_consumed_ratio"] == pytest.approx(error_ratio / 0.01)
+
+
+TOKEN_SLOS = """
+version: servewatch/v1
+slos:
+  - name: chat-goodput
+    sli: {kind: goodput, ttft_s: 0.5, tpot_s: 0.05}
+    objective_ratio: 0.9
+    period: 7d
+    scope: {pool: chat-8b}
+  - name: chat-token-goodput
+    sli: {kind: token_goodput, ttft_s: 0.5, tpot_s: 0.05}
+    objective_ratio: 0.9
+    period: 7d
+    scope: {pool: chat-8b}
+"""
+
+
+def test_token_goodput_slo_counts_output_tokens_from_raw_requests_and_the_rollup(
+    db: str, tmp_path: Path, runner: CliRunner
+) -> None:
+    slos = tmp_path / "token-slos.yaml"
+    slos.write_text(TOKEN_SLOS, encoding="utf-8")
+    chat = [r for r in raw_requests(CASE) if r["pool"] == "chat-8b"]
+
+    def good(r: dict[str, Any]) -> bool:
+        n, decode, ttft = int(r["n"]), float(r["decode"]), float(r["ttft"])
+        return bool(r["ok"]) and ttft <= 0.5 and (n <= 1 or decode / (n - 1) <= 0.05)
+
+    good_tokens = sum(int(r["n"]) for r in chat if good(r))
+    all_tokens = sum(int(r["n"]) for r in chat)
+    assert 0 < good_tokens < all_tokens
+    status = ["--db", db, "slo", "status", "--slo", str(slos), "--at", AT, "--json"]
+    # First counted from the raw requests (no rollup holds these SLOs yet), then, after an
+    # evaluation rolled them up in the store, from slo_minutes: both must be the oracle's.
+    for step in ("raw", "rollup"):
+        if step == "rollup":
+            evaluated = runner.invoke(
+                app, ["--db", db, "slo", "evaluate", "--slo", str(slos), "--at", AT, "--json"]
+            )
+            assert evaluated.exit_code == 0, evaluated.output
+        result = runner.invoke(app, status)
+        assert result.exit_code == 0, result.output
+        statuses = {s["slo"]: s for s in json.loads(result.stdout)["slos"]}
+        tokens = statuses["chat-token-goodput"]
+        assert (tokens["good"], tokens["total"]) == (good_tokens, all_tokens), step
+        assert tokens["events"] == "output tokens"
+        requests = statuses["chat-goodput"]
+        assert (requests["good"], requests["total"]) == (sum(map(good, chat)), len(chat)), step
+        assert requests["events"] == "requests"
+        error_ratio = 1 - good_tokens / all_tokens
+        assert tokens["budget_consumed_ratio"] == pytest.approx(error_ratio / 0.1), step
 
 
 def test_evaluate_records_alerts_that_alerts_lists(db: str, runner: CliRunner) -> None:

@@ -14,7 +14,7 @@ from prometheus_client.utils import floatToGoString
 from servewatch.slo.buckets import VLLM_DEFAULT_BUCKETS, LatencyMetric, le_label, nearest_bounds
 from servewatch.slo.durations import format_duration, parse_duration_s
 from servewatch.slo.fields import SpecError
-from servewatch.slo.spec import GoodputSli, LatencySli, SliSource
+from servewatch.slo.spec import GoodputSli, LatencySli, SliSource, TokenGoodputSli
 from servewatch.slo.spec_file import load_spec_file, parse_spec_document
 from servewatch.slo.windows import Severity, default_burn_windows, load_burn_windows
 from tests.conftest import REPO_ROOT
@@ -87,7 +87,7 @@ WEEK = {**GOOD["slos"][0], "period": "7d"}
 BAD_SPECS = [
     (
         with_change("slos.0.sli.kind", "throughput"),
-        "slos[0].sli.kind: is 'throughput'; allowed: latency, availability, goodput",
+        "slos[0].sli.kind: is 'throughput'; allowed: latency, availability, goodput, token_goodput",
     ),
     (
         with_change("slos.0.objective_ratio", 1.0),
@@ -116,6 +116,14 @@ BAD_SPECS = [
         "slos[0].sli.source: goodput needs source: traces",
     ),
     (with_change("slos.0.sli", {**GOODPUT, "tpot_s": None}), "slos[0].sli.tpot_s: is required"),
+    (
+        with_change("slos.0.sli", {**GOODPUT, "kind": "token_goodput", "source": "metrics"}),
+        "slos[0].sli.source: token_goodput needs source: traces",
+    ),
+    (
+        with_change("slos.0.sli", {**GOODPUT, "kind": "token_goodput", "ttft_s": None}),
+        "slos[0].sli.ttft_s: is required",
+    ),
     (
         with_change("slos.0.sli", {"kind": "availability", "threshold_s": 1}),
         "slos[0].sli.threshold_s: unknown field; allowed here: kind, source",
@@ -306,6 +314,22 @@ def test_alert_windows_can_be_empty_to_track_the_budget_only() -> None:
     (spec,) = parse_spec_document(with_change("slos.0.alert_windows", []), where="x")
     assert spec.windows == ()
     assert spec.window_lengths_s() == (30 * 86400,)
+
+
+def test_token_goodput_counts_tokens_with_the_goodput_criterion() -> None:
+    document = with_change("slos.0.sli", {**GOODPUT, "kind": "token_goodput"})
+    (spec,) = parse_spec_document(document, where="x")
+    assert spec.sli == TokenGoodputSli(ttft_s=0.5, tpot_s=0.05)
+    assert spec.counts_tokens
+    criterion = spec.event_criterion()
+    assert criterion is not None
+    assert (criterion.ttft_limit_s, criterion.tpot_limit_s, criterion.e2e_limit_s) == (
+        0.5,
+        0.05,
+        None,
+    )
+    (requests,) = parse_spec_document(with_change("slos.0.sli", GOODPUT), where="x")
+    assert not requests.counts_tokens
 
 
 def test_event_criterion_for_the_pipeline() -> None:

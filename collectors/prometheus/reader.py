@@ -5,12 +5,15 @@ the range are found with the label-values API (both `vllm:` and `vllm_` spelling
 aliases, DCGM names before and after 4.9.0), then read family by family, in time chunks, into
 the same `targets`, `scrapes`, `series` and `points` rows a live scrape writes:
 
+- `Resolution.RAW` (the default) reads range vectors (`{__name__="x"}[d]`): the samples as
+  stored, at their scrape timestamps. PromQL functions over these agree with Prometheus's own
+  answers exactly.
 - `Resolution.STEP` reads `query_range` at instants on a grid of `step_s` (aligned to multiples
   of the step, so overlapping imports share instants), at most `chunk_points` per series per
   query, below Prometheus's 11,000. Values are what Prometheus answers at each instant: the
-  latest sample within its lookback (5 minutes by default).
-- `Resolution.RAW` reads range vectors (`{__name__="x"}[d]`): the samples as stored, at their
-  scrape timestamps. PromQL functions over these agree with Prometheus's own answers exactly.
+  latest sample within its lookback (5 minutes by default), stamped with the instant, so rates,
+  quantiles and means over them drift from PromQL's (docs/prometheus-import.md has the
+  measured error).
 
 Labels: `job` and `instance` name the target (its id is `http://<instance>/metrics` when the
 instance is an address, as a servewatch scrape of it would name it); `replica`, `host`,
@@ -102,7 +105,7 @@ class ImportWindow:
     start: datetime
     end: datetime
     step_s: float = 15.0
-    resolution: Resolution = Resolution.STEP
+    resolution: Resolution = Resolution.RAW
     chunk_points: int = DEFAULT_CHUNK_POINTS
 
     def __post_init__(self) -> None:

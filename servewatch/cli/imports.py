@@ -30,16 +30,26 @@ StepOption = Annotated[
     str | None,
     typer.Option(
         "--step",
-        help="Step between imported instants (15s, 1m); default scrape.interval_s of --config, "
-        "else 15s. With --raw it sizes the chunks only.",
+        help="The scrape interval to expect (15s, 1m), which sizes the chunks; with --resolution "
+        "step, the step between imported instants. Default scrape.interval_s of --config, "
+        "else 15s.",
+    ),
+]
+ResolutionOption = Annotated[
+    Resolution | None,
+    typer.Option(
+        "--resolution",
+        help="raw (default): the samples as Prometheus stored them, at their scrape times, so "
+        "rates, quantiles and means equal PromQL's. step: values at step instants "
+        "(query_range), which drift from PromQL (docs/prometheus-import.md).",
+        case_sensitive=False,
     ),
 ]
 RawOption = Annotated[
     bool,
     typer.Option(
         "--raw",
-        help="Import the samples as Prometheus stored them, at their scrape times, instead of "
-        "values at step instants.",
+        help="Same as --resolution raw, the default; kept for scripts written before it was.",
     ),
 ]
 KeepUncataloguedOption = Annotated[
@@ -65,6 +75,7 @@ def import_prometheus(
     from_: FromOption = None,
     to: ToOption = None,
     step: StepOption = None,
+    resolution: ResolutionOption = None,
     raw: RawOption = False,
     keep_uncatalogued: KeepUncataloguedOption = False,
     config_path: Annotated[
@@ -79,8 +90,9 @@ def import_prometheus(
     """Import --from..--to of what a Prometheus holds into the store (docs/prometheus-import.md).
 
     The catalogued families a Prometheus (Thanos, Mimir) already holds for the range are read
-    through its HTTP API into the tables a scrape fills; importing a range twice changes
-    nothing, and an import cut short resumes where it stopped.
+    through its HTTP API into the tables a scrape fills, as stored (raw samples at their scrape
+    times) unless --resolution step; importing a range twice changes nothing, and an import cut
+    short resumes where it stopped.
     """
     state = ctx.ensure_object(CliState)
     import_prometheus_range(
@@ -90,10 +102,32 @@ def import_prometheus(
         from_=from_,
         to=to,
         step=step,
+        resolution=resolution,
         raw=raw,
         keep_uncatalogued=keep_uncatalogued,
         as_json=as_json,
     )
+
+
+def chosen_resolution(resolution: Resolution | None, *, raw: bool, step: str | None) -> Resolution:
+    """The resolution the options ask for: raw unless --resolution step; `--raw` (raw's old
+    spelling) with --resolution step is a contradiction."""
+    if raw and resolution is Resolution.STEP:
+        raise fail(
+            "--raw and --resolution step contradict each other; raw is the default, give "
+            "--resolution step alone for values at step instants",
+            code=EXIT_BAD_INPUT,
+        )
+    if resolution is None and step is not None and not raw:
+        # Before raw was the default, --step alone meant values at step instants.
+        err_console.print(
+            labelled(
+                "note:",
+                "the import reads raw samples (the default); --step sizes its chunks. "
+                "Give --resolution step for values at step instants",
+            )
+        )
+    return resolution or Resolution.RAW
 
 
 def import_prometheus_range(
@@ -107,6 +141,7 @@ def import_prometheus_range(
     raw: bool,
     keep_uncatalogued: bool,
     as_json: bool,
+    resolution: Resolution | None = None,
 ) -> None:
     """Import [--from, --to) of the catalogued families the Prometheus at `url` holds."""
     # The config is optional here: it only lends the store path, step and keep option.
@@ -116,6 +151,7 @@ def import_prometheus_range(
     from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
     if from_ts is None or to_ts is None:
         raise fail("a Prometheus import needs --from and --to", code=EXIT_BAD_INPUT)
+    chosen = chosen_resolution(resolution, raw=raw, step=step)
     try:
         step_s = (
             parse_duration(step).total_seconds()
@@ -126,7 +162,7 @@ def import_prometheus_range(
             start=from_ts,
             end=to_ts,
             step_s=step_s,
-            resolution=Resolution.RAW if raw else Resolution.STEP,
+            resolution=chosen,
         )
     except ValueError as exc:
         raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc

@@ -55,8 +55,8 @@ def scrape(
         str | None,
         typer.Option(
             "--step",
-            help="With --from-prometheus: step between imported instants (15s, 1m); default "
-            "scrape.interval_s of --config, else 15s. With --raw it sizes the chunks only.",
+            help="With --from-prometheus: the scrape interval to expect (15s, 1m), which sizes "
+            "the chunks; default scrape.interval_s of --config, else 15s.",
         ),
     ] = None,
     raw: Annotated[
@@ -64,7 +64,8 @@ def scrape(
         typer.Option(
             "--raw",
             help="With --from-prometheus: import the samples as Prometheus stored them, at "
-            "their scrape times, instead of values at step instants.",
+            "their scrape times (now the default; `import prometheus --resolution step` reads "
+            "values at step instants).",
         ),
     ] = False,
     keep_uncatalogued: Annotated[

@@ -66,10 +66,11 @@ def sli(
 
     Traces: TTFT, TPOT, e2e percentiles, attainment and goodput of requests selected by
     completion time; goodput counts requests that succeeded and met every given limit, per
-    second of the window (not computed without limits). Histograms: TTFT, ITL, TPOT and e2e
-    quantiles as PromQL's histogram_quantile over the window, KV-cache usage, prefix-cache hit
-    rate, running and waiting requests, preemptions, token throughput, finish reasons and GPU
-    utilisation and power, shown when scraped series exist in the window.
+    second of the window, token goodput their output tokens per second and as a share of all
+    output tokens, failed requests' included (neither computed without limits). Histograms:
+    TTFT, ITL, TPOT and e2e quantiles as PromQL's histogram_quantile over the window, KV-cache
+    usage, prefix-cache hit rate, running and waiting requests, preemptions, token throughput,
+    finish reasons and GPU utilisation and power, shown when scraped series exist in the window.
     """
     state = ctx.ensure_object(CliState)
     from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
