@@ -16,8 +16,9 @@ from itertools import pairwise
 
 import polars as pl
 
+from servewatch.pipeline.gpu_attribution import UNATTRIBUTED, attribute_series
 from servewatch.pipeline.promql import histogram_quantile_frame, increase_frame
-from servewatch.pipeline.signals import Signal
+from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal
 
 ENGINE_SOURCES = ("vllm_engine", "dcgm")
 DIMENSIONS = ("replica", "host", "zone", "pool", "model")
@@ -37,11 +38,15 @@ class Scope(Enum):
 def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFrame:
     """Series with their target's dimensions and the labels SLIs group by: `le` as a float
     (null for non-bucket series), `finished_reason`, and `model` (the target's, else the
-    series' model_name label)."""
+    series' model_name label). DCGM series get the replica their GPU serves, by
+    `gpu_attribution` (its `gpu_rule` column says by which rule, or why none), never every
+    replica of their host."""
     label = pl.col("labels").str.json_path_match
-    return (
+    if "gpus" not in targets.collect_schema().names():
+        targets = targets.with_columns(gpus=pl.lit(None, pl.Int32()))
+    dimensions = (
         series.join(
-            targets.select("target_id", *DIMENSIONS).rename({"model": "target_model"}),
+            targets.select("target_id", *DIMENSIONS, "gpus").rename({"model": "target_model"}),
             on="target_id",
             how="left",
         )
@@ -55,6 +60,7 @@ def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFra
         .drop("target_model")
         .filter(pl.col("source").is_null() | pl.col("source").is_in(ENGINE_SOURCES))
     )
+    return attribute_series(dimensions)
 
 
 def _increases(
@@ -151,7 +157,7 @@ def gauge_stats(
     ends_sorted = sorted(window_ends_s)
     if any(b - a < range_s for a, b in pairwise(ends_sorted)):
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
-    chosen = dimensions.filter(pl.col("signal") == signal.value)
+    chosen = attributed(dimensions).filter(pl.col("signal") == signal.value)
     ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
     samples = (
         points.join(chosen.select("series_id", *DIMENSIONS), on="series_id", how="inner")
@@ -221,38 +227,28 @@ COUNTERS: tuple[tuple[str, Signal], ...] = (
     ("prefix_cache_hits_tokens", Signal.PREFIX_CACHE_HITS_TOKENS),
     ("prefix_cache_queries_tokens", Signal.PREFIX_CACHE_QUERIES_TOKENS),
 )
-# Gauges: (column stem, signal, how the series of a group combine). Counts and power add up
-# over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the total);
-# ratios average (`avg by (group) (avg_over_time(x[w]))`). The max is always the highest one
-# series reached (`max by (group) (max_over_time(x[w]))`).
-GAUGES: tuple[tuple[str, Signal, str], ...] = (
-    ("kv_cache_usage_ratio", Signal.KV_CACHE_USAGE_RATIO, "mean"),
-    ("requests_running", Signal.REQUESTS_RUNNING, "sum"),
-    ("requests_waiting", Signal.REQUESTS_WAITING, "sum"),
-    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO, "mean"),
-    ("gpu_power_w", Signal.GPU_POWER_W, "sum"),
+# Gauges: (column stem, signal). The series of a group combine by the signal's `Aggregation`
+# (pipeline/signals.py), as a tensor-parallel replica folds its GPUs: counts, power and memory
+# add up over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the
+# total); ratios average (`avg by (group) (avg_over_time(x[w]))`); temperatures take the
+# hottest (`max by (group) (avg_over_time(x[w]))`). The max is always the highest one series
+# reached (`max by (group) (max_over_time(x[w]))`). GPUs that serve no replica
+# (`gpu_attribution`) count in no group, the fleet included: they are listed apart.
+GAUGES: tuple[tuple[str, Signal], ...] = (
+    ("kv_cache_usage_ratio", Signal.KV_CACHE_USAGE_RATIO),
+    ("requests_running", Signal.REQUESTS_RUNNING),
+    ("requests_waiting", Signal.REQUESTS_WAITING),
+    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO),
+    ("gpu_power_w", Signal.GPU_POWER_W),
+    ("gpu_fb_used_bytes", Signal.GPU_FB_USED_BYTES),
+    ("gpu_temperature_c", Signal.GPU_TEMPERATURE_C),
 )
 
 
-def with_host_replicas(dimensions: pl.LazyFrame) -> pl.LazyFrame:
-    """DCGM series of a host-level exporter (no replica of their own) attributed to the
-    replicas the engine targets place on that host, with their pool and model. A host serving
-    two replicas appears under both; group-level figures count each series once per group."""
-    engines = (
-        dimensions.filter(pl.col("source") != "dcgm")
-        .select("host", "replica", "pool", "model")
-        .drop_nulls(["host", "replica"])
-        .unique()
-    )
-    unplaced = (
-        (pl.col("source") == "dcgm") & pl.col("replica").is_null() & pl.col("host").is_not_null()
-    )
-    placed = (
-        dimensions.filter(unplaced)
-        .drop("replica", "pool", "model")
-        .join(engines, on="host", how="inner")
-    )
-    return pl.concat([dimensions.filter(~unplaced), placed], how="diagonal_relaxed")
+def attributed(dimensions: pl.LazyFrame) -> pl.LazyFrame:
+    """Dimensions without the DCGM series of GPUs that serve no replica."""
+    unattributed = [rule.value for rule in UNATTRIBUTED]
+    return dimensions.filter(~pl.col("gpu_rule").is_in(unattributed).fill_null(value=False))
 
 
 def _group_series(dimensions: pl.LazyFrame, scope: Scope) -> pl.LazyFrame:
@@ -370,8 +366,8 @@ def gauge_table(
     ends_sorted = sorted(window_ends_s)
     if any(b - a < range_s for a, b in pairwise(ends_sorted)):
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
-    signals = [signal.value for _, signal, _ in GAUGES]
-    chosen = dimensions.filter(pl.col("signal").is_in(signals))
+    signals = [signal.value for _, signal in GAUGES]
+    chosen = attributed(dimensions).filter(pl.col("signal").is_in(signals))
     ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
     per_series = (
         points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
@@ -386,13 +382,16 @@ def gauge_table(
     grouped = per_series.join(_group_series(chosen, scope), on="series_id", how="inner")
     signal = pl.col("signal")
     aggregations: list[pl.Expr] = []
-    for stem, gauge, combine in GAUGES:
+    for stem, gauge in GAUGES:
         mine = signal == gauge.value
         average = pl.col("avg").filter(mine)
+        combined = {
+            Aggregation.SUM: average.sum(),
+            Aggregation.MEAN: average.mean(),
+            Aggregation.MAX: average.max(),
+        }[SIGNALS[gauge].aggregation]
         aggregations += [
-            pl.when(mine.any())
-            .then(average.sum() if combine == "sum" else average.mean())
-            .alias(f"{stem}_mean"),
+            pl.when(mine.any()).then(combined).alias(f"{stem}_mean"),
             pl.col("top").filter(mine).max().alias(f"{stem}_max"),
         ]
     return grouped.group_by(by).agg(aggregations).sort(by, nulls_last=True)
