@@ -53,6 +53,7 @@ class LiveTarget:
     host: str
     zone: str
     port: int
+    namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
 
     @property
     def target_id(self) -> str:
@@ -69,7 +70,11 @@ class LiveTarget:
     @property
     def labels(self) -> dict[str, str]:
         labels = {"host": self.host, "zone": self.zone}
-        if self.kind is TargetKind.VLLM:
+        if self.kind is TargetKind.VLLM and self.namespace is not None:
+            # As a Kubernetes service discovery relabels a pod: pod and namespace, which
+            # servewatch reads as the replica `<namespace>/<pod>`.
+            labels = {"pod": self.name, "namespace": self.namespace, **labels}
+        elif self.kind is TargetKind.VLLM:
             labels = {"replica": self.name, **labels}
         return labels
 
@@ -184,6 +189,7 @@ class LiveFleetServer:
         )
         self.spans = spans
         self._targets = fleet_targets(placement_list)
+        self._namespaces = {p.replica: p.namespace for p in placement_list}
         known = {t.target_id for t in self._targets}
         fixed = dict(ports or {})
         unknown = sorted(set(fixed) - known)
@@ -229,6 +235,7 @@ class LiveFleetServer:
                 host=t.host,
                 zone=t.zone,
                 port=self._endpoints[t.target_id].port,
+                namespace=self._namespaces.get(t.name) if t.kind is TargetKind.VLLM else None,
             )
             for t in self._targets
         ]
