@@ -352,6 +352,26 @@ def finish_reasons(
     )
 
 
+def series_window_stats(
+    points: pl.LazyFrame, chosen: pl.LazyFrame, *, range_s: float, window_ends_s: Sequence[float]
+) -> pl.LazyFrame:
+    """Each chosen series' `avg_over_time` (`avg`) and `max_over_time` (`top`) per window;
+    a sample counts in the first window ending at or after it (windows must not overlap).
+    Columns: series_id, window_end_s, avg, top."""
+    ends = pl.LazyFrame(
+        {"window_end_s": sorted(window_ends_s)}, schema={"window_end_s": pl.Float64}
+    )
+    return (
+        points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
+        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
+        .sort("ts_s")
+        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
+        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
+        .group_by("series_id", "window_end_s")
+        .agg(avg=pl.col("value").mean(), top=pl.col("value").max())
+    )
+
+
 def gauge_table(
     points: pl.LazyFrame,
     dimensions: pl.LazyFrame,
@@ -368,16 +388,7 @@ def gauge_table(
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
     signals = [signal.value for _, signal in GAUGES]
     chosen = attributed(dimensions).filter(pl.col("signal").is_in(signals))
-    ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
-    per_series = (
-        points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
-        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
-        .sort("ts_s")
-        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
-        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
-        .group_by("series_id", "window_end_s")
-        .agg(avg=pl.col("value").mean(), top=pl.col("value").max())
-    )
+    per_series = series_window_stats(points, chosen, range_s=range_s, window_ends_s=ends_sorted)
     by = [*scope.columns, "window_end_s"]
     grouped = per_series.join(_group_series(chosen, scope), on="series_id", how="inner")
     signal = pl.col("signal")

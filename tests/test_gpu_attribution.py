@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from servewatch.collectors.metrics.catalogue import labels_json
 from servewatch.collectors.metrics.dcgm_catalogue import catalogue_dcgm_frame
+from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.pipeline.gpu_attribution import (
     REPLICA_GPUS_SCHEMA,
     UNMATCHED_GPUS_SCHEMA,
@@ -25,7 +26,9 @@ from servewatch.pipeline.gpu_attribution import (
     tensor_parallel,
     unmatched_gpu_readings,
 )
+from servewatch.pipeline.metric_frames import metric_minute_frames
 from servewatch.pipeline.metric_sli import Scope, gauge_table, series_dimensions
+from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.signals import Signal
 from servewatch.pipeline.tables import POINTS_SCHEMA, SERIES_SCHEMA, TARGETS_SCHEMA
 from tests.catalogue_oracle import RawSample, catalogue_dcgm
@@ -411,3 +414,20 @@ def test_replicas_get_their_own_gpus_and_unmatched_gpus_are_listed_not_spread() 
             "gpu_util_ratio_mean": None,
         }
     ]
+
+
+def test_the_reports_gpu_frame_folds_each_replicas_own_gpus_and_names_the_rest() -> None:
+    series, targets, points = _store_frames()
+    dimensions = series_dimensions(series, targets)
+    frames = metric_minute_frames(points, dimensions, start=T0, end=T0 + timedelta(minutes=1))
+    gpu = {row["replica"]: row for row in frames["gpu"].collect().to_dicts()}
+    assert set(gpu) == {"ns/r0", "ns/r1", "r2"}
+    assert gpu["ns/r1"]["power_w"] == pytest.approx(290.8 + 302.0)
+    assert gpu["ns/r1"]["temperature_c"] is None  # no temperature series: null, not 0
+    report = build_report(
+        ReportInputs(gpu=frames["gpu"], unmatched_gpus=frames["unmatched_gpus"]),
+        limits=GoodputLimits(),
+    )
+    facts = dict(report.facts)
+    assert facts["GPUs serving no replica"] == "1: h0 g3 (unmatched)"
+    assert "gpu-health" in {chart.slug for chart in report.charts}
