@@ -8,7 +8,9 @@ up, serving their last pages byte for byte), Prometheus scrapes the still pages,
 `servewatch scrape --once` reads the same pages. So both hold the same values, and
 servewatch's per-replica GPU power and utilisation (`sli --by replica`) must equal exactly
 what PromQL computes from Prometheus' per-GPU series joined to the vLLM targets by pod and
-namespace: the sum of the replica's GPUs' power, the mean of their utilisation.
+namespace: the sum of the replica's GPUs' power, the mean of their utilisation. The same
+holds for the samples `servewatch import prometheus --raw` reads back from Prometheus, whose
+vLLM targets are named by their pod and namespace labels.
 """
 
 from __future__ import annotations
@@ -76,6 +78,21 @@ def _servewatch_config(tmp_path: Path, server: LiveFleetServer) -> Path:
     return path
 
 
+def _sli_gpus(runner: CliRunner, db: str, window: list[str]) -> dict[str, tuple[float, float]]:
+    """Per replica (GPU power W, GPU utilisation) from `sli --by replica`; no GPU unmatched."""
+    sli = runner.invoke(
+        app, ["--db", db, "sli", "--source", "histograms", "--by", "replica", "--json", *window]
+    )
+    assert sli.exit_code == 0, sli.output
+    section = json.loads(sli.stdout)["histograms"]
+    assert section["unmatched_gpus"] == []
+    return {
+        group["replica"]: (group["gpu_power_w"]["mean"], group["gpu_util_ratio"]["mean"])
+        for group in section["groups"]
+        if group["replica"] is not None
+    }
+
+
 def test_gpu_power_and_utilisation_per_replica_equal_prometheus_per_gpu_sums(
     tmp_path: Path,
 ) -> None:
@@ -115,26 +132,28 @@ def test_gpu_power_and_utilisation_per_replica_equal_prometheus_per_gpu_sums(
             "--to",
             datetime.fromtimestamp(time.time() + 1, tz=UTC).isoformat(),
         ]
-    db = str(tmp_path / "fleet.duckdb")
-    sli = runner.invoke(
-        app, ["--db", db, "sli", "--source", "histograms", "--by", "replica", "--json", *window]
-    )
-    assert sli.exit_code == 0, sli.output
-    section = json.loads(sli.stdout)["histograms"]
-    ours = {
-        group["replica"]: (group["gpu_power_w"]["mean"], group["gpu_util_ratio"]["mean"])
-        for group in section["groups"]
-    }
+        # The same still pages through Prometheus: its raw samples since the freeze.
+        imported_db = str(tmp_path / "imported.duckdb")
+        until = datetime.fromtimestamp(at_s, tz=UTC).isoformat()
+        url = str(prometheus.base_url)
+        span = ["--from", window[1], "--to", until]
+        imported = runner.invoke(
+            app, ["--db", imported_db, "import", "prometheus", url, "--raw", *span]
+        )
+        assert imported.exit_code == 0, imported.output
+    ours = _sli_gpus(runner, str(tmp_path / "fleet.duckdb"), window)
+    theirs = _sli_gpus(runner, imported_db, window)
 
     replicas = {f"{NAMESPACE}/vllm-{i}" for i in range(6)}
     assert set(power) == set(util) == replicas
-    assert set(ours) == replicas
+    assert set(ours) == set(theirs) == replicas
     # every GPU and MIG slice draws its own power: seven distinct readings
     assert len({float(r["value"][1]) for r in per_gpu}) == 7
     assert len({r["metric"]["GPU_I_ID"] for r in per_gpu if "GPU_I_ID" in r["metric"]}) == 3
     for replica in sorted(replicas):
         assert ours[replica] == (power[replica], util[replica]), replica
-    assert section["unmatched_gpus"] == []
+        # imported: the mean of each GPU's identical samples, exact but for float rounding
+        assert theirs[replica] == pytest.approx((power[replica], util[replica]), rel=1e-12)
     # the tensor-parallel replica's power is its two GPUs' sum, not one GPU's twice
     tp = [float(r["value"][1]) for r in per_gpu if r["metric"]["pod"] == "vllm-2"]
     assert len(tp) == 2
