@@ -189,7 +189,6 @@ class LiveFleetServer:
         )
         self.spans = spans
         self._targets = fleet_targets(placement_list)
-        self._namespaces = {p.replica: p.namespace for p in placement_list}
         known = {t.target_id for t in self._targets}
         fixed = dict(ports or {})
         unknown = sorted(set(fixed) - known)
@@ -235,7 +234,7 @@ class LiveFleetServer:
                 host=t.host,
                 zone=t.zone,
                 port=self._endpoints[t.target_id].port,
-                namespace=self._namespaces.get(t.name) if t.kind is TargetKind.VLLM else None,
+                namespace=t.namespace,
             )
             for t in self._targets
         ]

@@ -4,16 +4,24 @@ and the store's series: unmatched GPUs are listed and never spread over replicas
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from servewatch.cli import app
 from servewatch.collectors.metrics.catalogue import labels_json
 from servewatch.collectors.metrics.dcgm_catalogue import catalogue_dcgm_frame
 from servewatch.dashboards.report import ReportInputs, build_report
+from servewatch.emulator.fixture_writer import FixtureWriter, record_fixture
+from servewatch.emulator.fleet import FleetSimulation
+from servewatch.emulator.fleet_config import FleetConfig, HostSpec, TopologySpec
+from servewatch.emulator.vllm_metrics import EngineSettings
 from servewatch.pipeline.gpu_attribution import (
     REPLICA_GPUS_SCHEMA,
     UNMATCHED_GPUS_SCHEMA,
@@ -431,3 +439,47 @@ def test_the_reports_gpu_frame_folds_each_replicas_own_gpus_and_names_the_rest()
     facts = dict(report.facts)
     assert facts["GPUs serving no replica"] == "1: h0 g3 (unmatched)"
     assert "gpu-health" in {chart.slug for chart in report.charts}
+
+
+@pytest.mark.slow
+def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
+    tmp_path: Path,
+) -> None:
+    """Single-GPU, tensor-parallel and MIG replicas run as pods, recorded in virtual time and
+    replayed: each replica's GPU power is its own GPUs' sum, none is unmatched."""
+    topology = TopologySpec(
+        zones=("zone-a",),
+        layout=(
+            HostSpec("zone-a", replica_gpus=(1, 1)),
+            HostSpec("zone-a", replica_gpus=(2,)),
+            HostSpec("zone-a", replica_gpus=(1, 1), mig_profile="1g.10gb"),
+        ),
+        namespace="serving",
+    )
+    config = FleetConfig(topology=topology)
+    start_s = 1_790_000_000.0
+    writer = FixtureWriter(
+        tmp_path / "rec",
+        config.placements(),
+        start_s=start_s,
+        scrape_interval_s=15.0,
+        engine=EngineSettings.from_engine(config.engine),
+        seed=1,
+    )
+    simulation = FleetSimulation(config, observer=writer, seed=1, start_s=start_s)
+    record_fixture(simulation, writer, end_s=start_s + 120)
+    db = tmp_path / "fleet.duckdb"
+    runner = CliRunner()
+    replayed = runner.invoke(app, ["--db", str(db), "replay", str(tmp_path / "rec")])
+    assert replayed.exit_code == 0, replayed.output
+    sli = runner.invoke(
+        app, ["--db", str(db), "sli", "--source", "histograms", "--by", "replica", "--json"]
+    )
+    assert sli.exit_code == 0, sli.output
+    section = json.loads(sli.stdout)["histograms"]
+    assert section["unmatched_gpus"] == []
+    power = {g["replica"]: g["gpu_power_w"]["mean"] for g in section["groups"]}
+    assert set(power) == {f"serving/vllm-{i}" for i in range(5)}
+    assert all(watts is not None and watts > 0 for watts in power.values())
+    # the TP=2 replica draws on two GPUs: more than any one-GPU or one-slice replica
+    assert power["serving/vllm-2"] > max(w for r, w in power.items() if r != "serving/vllm-2")
