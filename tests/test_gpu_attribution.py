@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from servewatch.cli import app
 from servewatch.collectors.metrics.catalogue import labels_json
 from servewatch.collectors.metrics.dcgm_catalogue import catalogue_dcgm_frame
+from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.scrape.targets import target_from_labels
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.emulator.fixture_writer import FixtureWriter, record_fixture
 from servewatch.emulator.fleet import FleetSimulation
@@ -39,6 +41,7 @@ from servewatch.pipeline.metric_sli import Scope, gauge_table, series_dimensions
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.signals import Signal
 from servewatch.pipeline.tables import POINTS_SCHEMA, SERIES_SCHEMA, TARGETS_SCHEMA
+from servewatch.store import Store
 from tests.catalogue_oracle import RawSample, catalogue_dcgm
 from tests.test_catalogues import parse, sample_file
 
@@ -483,3 +486,56 @@ def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
     assert all(watts is not None and watts > 0 for watts in power.values())
     # the TP=2 replica draws on two GPUs: more than any one-GPU or one-slice replica
     assert power["serving/vllm-2"] > max(w for r, w in power.items() if r != "serving/vllm-2")
+
+
+def _two_replica_host(tmp_path: Path, *, pods: bool) -> Path:
+    """The issue's host: two single-GPU replicas, a DCGM page of two GPUs (273.4 W, 289.8 W)
+    and, with `pods`, the Kubernetes mapping naming each GPU's pod."""
+    db = tmp_path / "host.duckdb"
+    pages = []
+    for k in range(3):
+        at = T0 + timedelta(seconds=15 * k)
+        lines = ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge"]
+        for i, watts in enumerate((273.4, 289.8)):
+            name = (
+                {"pod": f"vllm-{i}", "namespace": "serving"} if pods else {"replica": f"vllm-{i}"}
+            )
+            labels = {"kind": "vllm", "host": "node-1", "gpus": 1, **name}
+            target = target_from_labels(f"10.0.0.{i}:8000", labels, where="t")
+            running = f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {i}\n"
+            pages.append(Page(target, at, running))
+            pod = f',namespace="serving",pod="vllm-{i}"' if pods else ""
+            gpu = f'gpu="{i}",UUID="GPU-{i}",Hostname="node-1"{pod}'
+            lines.append(f"DCGM_FI_DEV_POWER_USAGE{{{gpu}}} {watts}")
+        dcgm = target_from_labels("10.0.0.9:9400", {"kind": "dcgm", "host": "node-1"}, where="t")
+        pages.append(Page(dcgm, at, "\n".join(lines) + "\n"))
+    with Store.open(db) as store:
+        ingest_pages(pages, store=store)
+    return db
+
+
+@pytest.mark.parametrize("pods", [True, False], ids=["pods", "no pods"])
+def test_two_single_gpu_replicas_on_one_host_never_share_its_gpus(
+    tmp_path: Path, pods: bool
+) -> None:
+    db = str(_two_replica_host(tmp_path, pods=pods))
+    runner = CliRunner()
+    base = ["--db", db, "sli", "--source", "histograms", "--by", "replica"]
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)["histograms"]
+    power = {g["replica"]: g["gpu_power_w"]["mean"] for g in section["groups"]}
+    unmatched = {(g["uuid"], g["rule"], g["gpu_power_w_mean"]) for g in section["unmatched_gpus"]}
+    if pods:
+        assert power == {"serving/vllm-0": 273.4, "serving/vllm-1": 289.8}
+        assert unmatched == set()
+        assert section["overall"]["gpu_power_w"]["mean"] == pytest.approx(273.4 + 289.8)
+    else:
+        # two replicas on the host and nothing to tell their GPUs apart: listed, not spread
+        assert power == {"vllm-0": None, "vllm-1": None}
+        assert unmatched == {("GPU-0", "unmatched", 273.4), ("GPU-1", "unmatched", 289.8)}
+        assert section["overall"]["gpu_power_w"]["mean"] is None
+        table = runner.invoke(app, base, terminal_width=200)
+        assert table.exit_code == 0, table.output
+        assert "GPUs that serve no replica" in table.stdout
+        assert "GPU-1" in table.stdout
