@@ -6,7 +6,9 @@ A GPU is known by its node `hostname`, its `UUID` and, for a MIG slice, its GPU 
 is keyed by (hostname, UUID, GPU_I_ID): the slices of one GPU stay apart. A replica is known by
 its target (`replica`, `host`, `gpus`), its pod (the `pod` and `namespace` labels of its engine
 series, as a Kubernetes-discovering Prometheus attaches them, else a replica named
-`<namespace>/<pod>`), and optionally a list of GPU UUIDs. The rules, first that applies:
+`<namespace>/<pod>`), and optionally a list of GPU UUIDs (the store's targets carry none; the
+rule serves callers that know them). A DCGM target that itself names a replica gives that
+replica its GPUs (`target`). Otherwise the rules, first that applies:
 
 1. pod: a GPU naming a pod and namespace goes to the replica with that pod and namespace. A
    GPU whose pod is no replica's serves another workload and stays unmatched
