@@ -3,7 +3,8 @@
 A GPU is known by its node `hostname`, its `UUID` and, for a MIG slice, its GPU instance id
 (`GPU_I_ID`; dcgm-exporter writes the parent GPU's UUID on every slice, beside
 `GPU_I_PROFILE`); Kubernetes mapping adds the `pod` and `namespace` that requested it. So a GPU
-is keyed by (hostname, UUID, GPU_I_ID): the slices of one GPU stay apart. A replica is known by
+is keyed by (hostname, UUID, GPU_I_ID): the slices of one GPU stay apart. In the store, a DCGM
+series' host is its target's `host` when given, else its `hostname` label. A replica is known by
 its target (`replica`, `host`, `gpus`), its pod (the `pod` and `namespace` labels of its engine
 series, as a Kubernetes-discovering Prometheus attaches them, else a replica named
 `<namespace>/<pod>`), and optionally a list of GPU UUIDs (the store's targets carry none; the
@@ -401,6 +402,15 @@ def replica_identities(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+def _series_gpu_identity(dimensions: pl.LazyFrame) -> pl.LazyFrame:
+    """`with_gpu_identity` of stored DCGM series, the host being their exporter target's
+    `host` when the target names one: the operator's statement of where the exporter runs
+    wins over the page's `Hostname`, which is often the exporter's container or pod name."""
+    return dimensions.pipe(with_gpu_identity).with_columns(
+        hostname=pl.coalesce(pl.col("host").str.to_lowercase(), pl.col("hostname"))
+    )
+
+
 def attribute_series(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     """Series dimensions (`metric_sli.series_dimensions` before attribution, with the target's
     `gpus`) with every DCGM series given the replica its GPU serves, that replica's pool,
@@ -412,7 +422,7 @@ def attribute_series(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     own = dimensions.filter(is_dcgm & pl.col("replica").is_not_null()).with_columns(
         gpu_rule=pl.lit(JoinRule.TARGET.value)
     )
-    hosted = dimensions.filter(is_dcgm & pl.col("replica").is_null()).pipe(with_gpu_identity)
+    hosted = dimensions.filter(is_dcgm & pl.col("replica").is_null()).pipe(_series_gpu_identity)
     placed = replica_identities(dimensions)
     matches = replica_matches(hosted, replicas=placed)
     serving = (
@@ -440,7 +450,7 @@ def unmatched_gpus(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     rules = [r.value for r in UNATTRIBUTED]
     return (
         dimensions.filter(pl.col("gpu_rule").is_in(rules))
-        .pipe(with_gpu_identity)
+        .pipe(_series_gpu_identity)
         .select(*IDENTITY_COLUMNS, "target_id", rule="gpu_rule")
         .unique()
         .select(UNMATCHED_GPUS_SCHEMA.names())
@@ -463,7 +473,7 @@ def unmatched_gpu_readings(points: pl.LazyFrame, dimensions: pl.LazyFrame) -> pl
     listed = unmatched_gpus(dimensions)
     series = (
         dimensions.filter(pl.col("gpu_rule").is_in(rules))
-        .pipe(with_gpu_identity)
+        .pipe(_series_gpu_identity)
         .select("series_id", "signal", "target_id", *IDENTITY_COLUMNS)
     )
     key = ["target_id", *IDENTITY_COLUMNS]

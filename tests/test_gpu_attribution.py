@@ -539,3 +539,44 @@ def test_two_single_gpu_replicas_on_one_host_never_share_its_gpus(
         assert table.exit_code == 0, table.output
         assert "GPUs that serve no replica" in table.stdout
         assert "GPU-1" in table.stdout
+
+
+def test_a_dcgm_targets_host_wins_over_a_container_hostname() -> None:
+    """The captured T4 page's `Hostname` is its exporter's container id; the target's `host`
+    says where the exporter runs, so the one one-GPU replica there owns the one GPU."""
+    samples = parse(sample_file("dcgm_datadog-fixture-t4.txt").read_text())
+    catalogued = dcgm_frame(samples).filter(pl.col("signal").is_not_null()).collect()
+    keys = catalogued.select("metric", "labels", "signal").unique(maintain_order=True)
+    series = keys.with_columns(
+        series_id=pl.int_range(pl.len()).cast(pl.Int32),
+        target_id=pl.lit("d0"),
+        source=pl.lit("dcgm"),
+    ).select(SERIES_SCHEMA.names())
+    engine = pl.DataFrame(
+        [
+            (
+                1000,
+                "v0",
+                Signal.REQUESTS_RUNNING.value,
+                "vllm:num_requests_running",
+                "{}",
+                "vllm_engine",
+            )
+        ],
+        schema=SERIES_SCHEMA,
+        orient="row",
+    )
+    targets = pl.DataFrame(
+        [
+            ("v0", "vllm", "http://v0/metrics", "vllm-0", "GPU-NODE-1", "z", "m", "p", 1, T0, T0),
+            ("d0", "dcgm", "http://d0/metrics", None, "gpu-node-1", "z", None, None, None, T0, T0),
+        ],
+        schema=TARGETS_SCHEMA,
+        orient="row",
+    )
+    dimensions = series_dimensions(
+        pl.concat([series.cast(dict(SERIES_SCHEMA)), engine]).lazy(), targets.lazy()
+    ).collect()
+    gpu = dimensions.filter(pl.col("source") == "dcgm")
+    assert set(gpu["replica"].to_list()) == {"vllm-0"}
+    assert set(gpu["gpu_rule"].to_list()) == {JoinRule.HOST.value}
