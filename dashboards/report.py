@@ -150,6 +150,9 @@ class ReportInputs:
     scheduler_state: Frame | None = None
     gpu: Frame | None = None
     xid_events: Frame | None = None
+    # GPUs (and MIG slices) that serve no replica (pipeline.gpu_attribution.UNMATCHED_GPUS_SCHEMA
+    # columns): in no replica's figures, so named among the report's facts.
+    unmatched_gpus: Frame | None = None
     budget_remaining: Frame | None = None
     burn_rates: Frame | None = None
     burn_thresholds: Frame | None = None
@@ -332,10 +335,32 @@ def build_report(
         title=title,
         window=window,
         facts=_facts(window=window, requests=requests, sli_report=inputs.sli_report, limits=limits)
-        + _finding_facts(inputs.findings),
+        + _finding_facts(inputs.findings)
+        + _unmatched_gpu_facts(inputs.unmatched_gpus),
         charts=tuple(out.charts),
         omitted=tuple(out.omitted),
     )
+
+
+MAX_GPUS_LISTED = 8
+
+
+def _unmatched_gpu_facts(frame: Frame | None) -> tuple[tuple[str, str], ...]:
+    """The GPUs that serve no replica, named, so that a fleet's GPU figures are read as what
+    they are: its replicas' GPUs only."""
+    rows = [] if frame is None else frame.lazy().collect().to_dicts()
+    if not rows:
+        return ()
+    named = [
+        f"{row['hostname'] or '?'} {row['uuid'] or '?'}"
+        + (f" MIG {row['gpu_instance']}" if row["gpu_instance"] else "")
+        + (f" (pod {row['namespace']}/{row['pod']}, {row['rule']})" if row["pod"] else "")
+        + ("" if row["pod"] else f" ({row['rule']})")
+        for row in rows[:MAX_GPUS_LISTED]
+    ]
+    more = len(rows) - MAX_GPUS_LISTED
+    text = f"{len(rows):,}: " + "; ".join(named) + (f" and {more} more" if more > 0 else "")
+    return (("GPUs serving no replica", text),)
 
 
 def _finding_facts(findings: Sequence[Finding] | None) -> tuple[tuple[str, str], ...]:

@@ -5,7 +5,11 @@ Each host serves one page covering its GPUs, with dcgm-exporter's default counte
 (`gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`) and
 its text layout (integers as integers, floating-point fields with six decimals). A replica owns
 one GPU, or `placement.gpus` GPUs with tensor parallelism, and its load is spread evenly over
-them.
+them; a MIG replica (`placement.mig_profile`) owns one slice of its host's MIG GPU, labelled as
+dcgm-exporter labels slices (the parent's `UUID` and `gpu`, plus `GPU_I_PROFILE` and
+`GPU_I_ID`, instance ids from 1 in placement order). A replica placed in a Kubernetes
+namespace (`placement.namespace`) is a pod named as the replica: its GPUs carry `container`,
+`namespace` and `pod` last, as the exporter's Kubernetes mapping appends them.
 
 How values follow load (a model, stated so nobody mistakes it for measurement):
 - `activity` = busy_ratio * (0.3 + 0.7 * running / (running + 32)): the engine's duty cycle,
@@ -16,6 +20,10 @@ How values follow load (a model, stated so nobody mistakes it for measurement):
 - `FB_USED` is flat while the vLLM process lives (it reserves gpu_memory_utilization of the
   memory at start-up) and near zero while it is down: it shows fit, not load.
 - Energy integrates power between samples. Error counters stay at zero.
+- No two GPUs read alike: each GPU (each slice) has a fixed `variation` of 0.92-1.08 scaling
+  its activity, duty cycle and power, so the two GPUs of a tensor-parallel replica differ too.
+- A MIG slice reports every field for itself, its framebuffer sized by its profile; real
+  exporters may repeat some device-level fields of the parent GPU on each slice.
 Every page also carries `servewatch_emulated 1`.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +49,7 @@ from servewatch.emulator.records import (
 PAGE_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 EMULATED_GAUGE = "servewatch_emulated"
 BATCH_HALF_FILL = 32  # running requests at which the batch counts as half full
+POD_CONTAINER = "vllm"  # the container of a replica's pod that requested its GPUs
 
 
 class FieldType(Enum):
@@ -154,18 +164,32 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class GpuDevice:
-    """One GPU of a host and the replica that owns it."""
+    """One GPU of a host (or one MIG slice of it) and the replica that owns it."""
 
     host: str
     index: int
-    uuid: str
+    uuid: str  # a MIG slice carries its parent GPU's UUID, as dcgm-exporter writes it
     pci_bus_id: str
     replica: str
     replica_gpus: int  # how many GPUs the owning replica spreads over (tensor parallelism)
+    gpu_instance: int | None = None  # the MIG GPU instance id (GPU_I_ID)
+    mig_profile: str | None = None  # the MIG profile (GPU_I_PROFILE)
+    namespace: str | None = None  # the owning pod's namespace (Kubernetes mapping)
 
     @property
     def device(self) -> str:
         return f"nvidia{self.index}"
+
+    @property
+    def key(self) -> str:
+        """Unique per GPU and per MIG slice (the UUID alone is shared by slices)."""
+        return self.uuid if self.gpu_instance is None else f"{self.uuid}/{self.gpu_instance}"
+
+    @property
+    def variation(self) -> float:
+        """0.92-1.08: no two GPUs draw alike under one load (silicon, cooling, position)."""
+        digest = hashlib.sha256(self.key.encode()).digest()
+        return 0.92 + 0.16 * (int.from_bytes(digest[:4], "big") % 1000) / 1000
 
 
 def _gpu_uuid(host: str, index: int) -> str:
@@ -181,6 +205,7 @@ def _pci_bus_id(index: int) -> str:
 def host_gpus(placements: Iterable[ReplicaPlacement]) -> dict[str, tuple[GpuDevice, ...]]:
     """GPUs of every host, numbered on each host in placement order."""
     devices: dict[str, list[GpuDevice]] = {}
+    mig_gpus: dict[str, int] = {}  # host -> index of its MIG GPU
     for placement in placements:
         if placement.gpus < 1:
             raise ValueError(
@@ -188,8 +213,26 @@ def host_gpus(placements: Iterable[ReplicaPlacement]) -> dict[str, tuple[GpuDevi
                 f"gpus={placement.gpus}; a replica needs at least one GPU"
             )
         on_host = devices.setdefault(placement.host, [])
+        if placement.mig_profile is not None:
+            # MIG replicas of a host share one GPU, a slice each; instance ids from 1.
+            index = mig_gpus.setdefault(placement.host, len({d.index for d in on_host}))
+            slices = sum(1 for d in on_host if d.gpu_instance is not None)
+            on_host.append(
+                GpuDevice(
+                    host=placement.host,
+                    index=index,
+                    uuid=_gpu_uuid(placement.host, index),
+                    pci_bus_id=_pci_bus_id(index),
+                    replica=placement.replica,
+                    replica_gpus=1,
+                    gpu_instance=slices + 1,
+                    mig_profile=placement.mig_profile,
+                    namespace=placement.namespace,
+                )
+            )
+            continue
         for _ in range(placement.gpus):
-            index = len(on_host)
+            index = len({d.index for d in on_host})
             on_host.append(
                 GpuDevice(
                     host=placement.host,
@@ -198,6 +241,7 @@ def host_gpus(placements: Iterable[ReplicaPlacement]) -> dict[str, tuple[GpuDevi
                     pci_bus_id=_pci_bus_id(index),
                     replica=placement.replica,
                     replica_gpus=placement.gpus,
+                    namespace=placement.namespace,
                 )
             )
     return {host: tuple(gpus) for host, gpus in devices.items()}
@@ -231,11 +275,15 @@ def gpu_values(
     nvlink_total: float,
 ) -> dict[str, float]:
     """The default fields of one GPU for its replica's `state` (pure)."""
-    activity = gpu_activity(state)
-    busy = min(max(state.busy_ratio, 0.0), 1.0) if state is not None and state.up else 0.0
+    variation = device.variation
+    activity = min(gpu_activity(state) * variation, 1.0)
+    busy = (
+        min(max(state.busy_ratio, 0.0) * variation, 1.0) if state is not None and state.up else 0.0
+    )
     tokens_per_s = max(state.tokens_per_s, 0.0) if state is not None and state.up else 0.0
-    fb_used = round(spec.fb_total_mib * gpu_memory_utilization) if process_alive else 0
-    fb_used = min(fb_used, spec.fb_total_mib - spec.fb_reserved_mib)
+    fb_total_mib = mig_memory_mib(device.mig_profile) or spec.fb_total_mib
+    fb_used = round(fb_total_mib * gpu_memory_utilization) if process_alive else 0
+    fb_used = min(fb_used, fb_total_mib - spec.fb_reserved_mib)
     return {
         "DCGM_FI_DEV_SM_CLOCK": spec.max_sm_clock_mhz if busy > 0 else spec.idle_sm_clock_mhz,
         "DCGM_FI_DEV_MEM_CLOCK": spec.mem_clock_mhz,
@@ -245,7 +293,7 @@ def gpu_values(
         "DCGM_FI_DEV_GPU_TEMP": round(
             spec.idle_gpu_temp_c + (spec.max_gpu_temp_c - spec.idle_gpu_temp_c) * activity
         ),
-        "DCGM_FI_DEV_POWER_USAGE": power_w(activity, spec),
+        "DCGM_FI_DEV_POWER_USAGE": round(power_w(activity, spec) * variation, 3),
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": round(energy_mj),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
         # A kernel ran in a ~1/6 s sample window: saturates long before the GPU is full.
@@ -254,7 +302,7 @@ def gpu_values(
         "DCGM_FI_DEV_ENC_UTIL": 0,
         "DCGM_FI_DEV_DEC_UTIL": 0,
         "DCGM_FI_DEV_XID_ERRORS": 0,
-        "DCGM_FI_DEV_FB_FREE": spec.fb_total_mib - spec.fb_reserved_mib - fb_used,
+        "DCGM_FI_DEV_FB_FREE": fb_total_mib - spec.fb_reserved_mib - fb_used,
         "DCGM_FI_DEV_FB_USED": fb_used,
         "DCGM_FI_DEV_FB_RESERVED": spec.fb_reserved_mib,
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": round(nvlink_total),
@@ -275,6 +323,15 @@ def gpu_values(
     }
 
 
+_MIG_PROFILE = re.compile(r"\d+g\.(\d+)gb")
+
+
+def mig_memory_mib(profile: str | None) -> int | None:
+    """A MIG profile's memory (`1g.10gb`: 10 GiB), None off MIG or for a name not so formed."""
+    match = _MIG_PROFILE.fullmatch(profile or "")
+    return int(match.group(1)) * 1024 if match else None
+
+
 def power_w(activity: float, spec: GpuSpec) -> float:
     return round(spec.idle_power_w + (spec.max_power_w - spec.idle_power_w) * activity, 3)
 
@@ -284,6 +341,23 @@ def _format_value(value: float, *, is_float: bool) -> str:
     return f"{value:f}" if is_float else str(int(value))
 
 
+def gpu_labels(device: GpuDevice, spec: GpuSpec) -> str:
+    """A GPU's label set in dcgm-exporter's order: identity, MIG instance, host, driver, then
+    (Kubernetes mapping) the owning pod's container, namespace and pod, sorted by name."""
+    labels = (
+        f'gpu="{device.index}",UUID="{device.uuid}",pci_bus_id="{device.pci_bus_id}",'
+        f'device="{device.device}",modelName="{spec.model_name}"'
+    )
+    if device.mig_profile is not None:
+        labels += f',GPU_I_PROFILE="{device.mig_profile}",GPU_I_ID="{device.gpu_instance}"'
+    labels += f',Hostname="{device.host}",DCGM_FI_DRIVER_VERSION="{spec.driver_version}"'
+    if device.namespace is not None:
+        labels += (
+            f',container="{POD_CONTAINER}",namespace="{device.namespace}",pod="{device.replica}"'
+        )
+    return labels
+
+
 @functools.lru_cache(maxsize=256)
 def _page_layout(
     devices: tuple[GpuDevice, ...], spec: GpuSpec
@@ -291,12 +365,7 @@ def _page_layout(
     """A host page's text around its values: (text before, field, is_float) per sample, in
     page order, and the text after the last one. Hosts keep their GPUs, so each host's
     layout is built once."""
-    label_sets = [
-        f'gpu="{d.index}",UUID="{d.uuid}",pci_bus_id="{d.pci_bus_id}",'
-        f'device="{d.device}",modelName="{spec.model_name}",Hostname="{d.host}",'
-        f'DCGM_FI_DRIVER_VERSION="{spec.driver_version}"'
-        for d in devices
-    ]
+    label_sets = [gpu_labels(d, spec) for d in devices]
     samples: list[tuple[str, str, bool]] = []
     pending = ""
     for field in DEFAULT_FIELDS:
@@ -352,11 +421,11 @@ class DcgmObserver:
         self._states: dict[str, ReplicaState] = {}
         # Energy since boot: a boot some days before the emulation starts, differing per GPU.
         self._energy_mj = {
-            gpu.uuid: 1.0e10 + int(gpu.uuid[4:12], 16) % 10**9
+            gpu.key: 1.0e10 + int(gpu.uuid[4:12], 16) % 10**9
             for gpus in self.gpus.values()
             for gpu in gpus
         }
-        self._nvlink = {gpu.uuid: 0.0 for gpus in self.gpus.values() for gpu in gpus}
+        self._nvlink = {gpu.key: 0.0 for gpus in self.gpus.values() for gpu in gpus}
         self._readings: dict[str, tuple[GpuReading, ...]] = {}
         self._refresh()
 
@@ -391,11 +460,11 @@ class DcgmObserver:
             for readings in self._readings.values():
                 for reading in readings:
                     watts = reading.values["DCGM_FI_DEV_POWER_USAGE"]
-                    self._energy_mj[reading.device.uuid] += watts * elapsed_s * 1000.0
+                    self._energy_mj[reading.device.key] += watts * elapsed_s * 1000.0
                     if reading.device.replica_gpus > 1:
                         # Tensor-parallel all-reduces move data in proportion to the work.
                         share = reading.values["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] / 0.75
-                        self._nvlink[reading.device.uuid] += (
+                        self._nvlink[reading.device.key] += (
                             self.spec.nvlink_peak_bytes_per_s * 0.2 * share * elapsed_s / 1024
                         )
             self._last_s = max(at_s, self._last_s)
@@ -414,8 +483,8 @@ class DcgmObserver:
                         spec=self.spec,
                         process_alive=self._process_alive(gpu.replica),
                         gpu_memory_utilization=self.gpu_memory_utilization,
-                        energy_mj=self._energy_mj[gpu.uuid],
-                        nvlink_total=self._nvlink[gpu.uuid],
+                        energy_mj=self._energy_mj[gpu.key],
+                        nvlink_total=self._nvlink[gpu.key],
                     ),
                 )
                 for gpu in gpus

@@ -72,6 +72,12 @@ class FixtureTarget:
     model: str | None = None
     pool: str | None = None
     gpus: int = 1
+    namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
+
+    @property
+    def replica_label(self) -> str:
+        """The replica as a scraper names it: `<namespace>/<pod>` for a pod."""
+        return self.name if self.namespace is None else f"{self.namespace}/{self.name}"
 
     @property
     def target_id(self) -> str:
@@ -84,7 +90,7 @@ class FixtureTarget:
     def to_json(self) -> dict[str, Any]:
         labels = {"host": self.host, "zone": self.zone}
         if self.kind is TargetKind.VLLM:
-            labels = {"replica": self.name, **labels}
+            labels = {"replica": self.replica_label, **labels}
         return {
             "id": self.target_id,
             "kind": self.kind.value,
@@ -118,6 +124,7 @@ def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]
             model=p.model,
             pool=p.pool,
             gpus=p.gpus,
+            namespace=p.namespace,
         )
         for p in placement_list
     ]

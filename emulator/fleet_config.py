@@ -74,20 +74,52 @@ class RouterSpec:
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """One host of an explicit layout: its zone and the GPUs of each replica on it.
+
+    With `mig_profile`, the host's replicas share one MIG GPU, a slice of that profile each
+    (`replica_gpus` must then be all ones).
+    """
+
+    zone: str
+    replica_gpus: tuple[int, ...] = (1, 1)
+    mig_profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.replica_gpus or any(g < 1 for g in self.replica_gpus):
+            raise SpecError(
+                "replica_gpus", f"needs one count >= 1 per replica, got {self.replica_gpus}"
+            )
+        if self.mig_profile is not None and set(self.replica_gpus) != {1}:
+            raise SpecError(
+                "replica_gpus",
+                f"a MIG host's replicas use one slice each, got {self.replica_gpus}",
+            )
+
+
+@dataclass(frozen=True)
 class TopologySpec:
     """Zones of hosts, each host running `replicas_per_host` replicas.
 
     `hosts_per_zone` is one count for every zone, or one count per zone in the order of
     `zones` (uneven zones: `(2, 1)` puts two hosts in the first zone and one in the second).
     Hosts are named host-0, host-1, ... and replicas vllm-0, vllm-1, ... zone by zone.
+    `layout`, when given, replaces the uniform counts with one `HostSpec` per host (mixed
+    single-GPU and tensor-parallel replicas, MIG hosts), hosts numbered in its order. With
+    `namespace` every replica is a Kubernetes pod of that namespace named as the replica.
     """
 
     zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c")
     hosts_per_zone: int | tuple[int, ...] = 1
     replicas_per_host: int = 2
     gpus_per_replica: int = 1
+    layout: tuple[HostSpec, ...] = ()
+    namespace: str | None = None
 
     def __post_init__(self) -> None:
+        strays = sorted({h.zone for h in self.layout} - set(self.zones))
+        if strays:
+            raise SpecError("layout", f"zones {strays} are not among zones {list(self.zones)}")
         if not self.zones:
             raise SpecError("zones", "needs at least one zone")
         if len(set(self.zones)) != len(self.zones) or not all(self.zones):
@@ -117,13 +149,33 @@ class TopologySpec:
 
     @property
     def hosts(self) -> int:
-        return sum(self.zone_hosts)
+        return len(self.layout) if self.layout else sum(self.zone_hosts)
 
     @property
     def replicas(self) -> int:
+        if self.layout:
+            return sum(len(h.replica_gpus) for h in self.layout)
         return self.hosts * self.replicas_per_host
 
     def placements(self, *, model: str, pool: str) -> list[ReplicaPlacement]:
+        if self.layout:
+            return [
+                ReplicaPlacement(
+                    replica=f"vllm-{n}",
+                    host=f"host-{h}",
+                    zone=spec.zone,
+                    model=model,
+                    pool=pool,
+                    gpus=gpus,
+                    mig_profile=spec.mig_profile,
+                    namespace=self.namespace,
+                )
+                for n, (h, spec, gpus) in enumerate(
+                    (h, spec, gpus)
+                    for h, spec in enumerate(self.layout)
+                    for gpus in spec.replica_gpus
+                )
+            ]
         out: list[ReplicaPlacement] = []
         host = 0
         for zone, hosts in zip(self.zones, self.zone_hosts, strict=True):
@@ -137,6 +189,7 @@ class TopologySpec:
                         model=model,
                         pool=pool,
                         gpus=self.gpus_per_replica,
+                        namespace=self.namespace,
                     )
                     for i in range(self.replicas_per_host)
                 )
@@ -529,6 +582,22 @@ def _hosts_per_zone(
     return tuple(count for _, count in counts)
 
 
+def _host_spec(t: _Table) -> HostSpec:
+    """One `[[topology.hosts]]` entry: zone, replica_gpus (a list of counts), mig_profile."""
+    zone = t.text("zone", "")
+    if not zone:
+        t.fail("zone", "is required: the zone of this host")
+    counts = t._raw("replica_gpus")
+    if counts is None:
+        counts = [1, 1]
+    if not isinstance(counts, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) for c in counts
+    ):
+        t.fail("replica_gpus", f"must be a list of GPU counts, one per replica, got {counts!r}")
+    profile = t.text("mig_profile", "") or None
+    return t.build(lambda: HostSpec(zone, tuple(counts), profile))
+
+
 def fleet_config_from_mapping(
     doc: Mapping[str, Any], *, source: str, base_dir: Path | None = None
 ) -> FleetConfig:
@@ -543,7 +612,11 @@ def fleet_config_from_mapping(
         hosts = _hosts_per_zone(tt, zones, topology.hosts_per_zone)
         per_host = tt.integer("replicas_per_host", topology.replicas_per_host)
         gpus = tt.integer("gpus_per_replica", topology.gpus_per_replica)
-        topology = tt.build(lambda: TopologySpec(zones, hosts, per_host, gpus))
+        layout = tuple(_host_spec(ht) for ht in tt.tables("hosts"))
+        namespace = tt.text("namespace", "") or None
+        topology = tt.build(
+            lambda: TopologySpec(zones, hosts, per_host, gpus, layout=layout, namespace=namespace)
+        )
     engine = _engine(root)
     router = RouterSpec()
     rt = root.table("router")

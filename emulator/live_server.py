@@ -53,6 +53,7 @@ class LiveTarget:
     host: str
     zone: str
     port: int
+    namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
 
     @property
     def target_id(self) -> str:
@@ -69,7 +70,11 @@ class LiveTarget:
     @property
     def labels(self) -> dict[str, str]:
         labels = {"host": self.host, "zone": self.zone}
-        if self.kind is TargetKind.VLLM:
+        if self.kind is TargetKind.VLLM and self.namespace is not None:
+            # As a Kubernetes service discovery relabels a pod: pod and namespace, which
+            # servewatch reads as the replica `<namespace>/<pod>`.
+            labels = {"pod": self.name, "namespace": self.namespace, **labels}
+        elif self.kind is TargetKind.VLLM:
             labels = {"replica": self.name, **labels}
         return labels
 
@@ -229,6 +234,7 @@ class LiveFleetServer:
                 host=t.host,
                 zone=t.zone,
                 port=self._endpoints[t.target_id].port,
+                namespace=t.namespace,
             )
             for t in self._targets
         ]

@@ -105,6 +105,12 @@ class ReplicaPlacement:
     model: str
     pool: str
     gpus: int
+    # The replica runs on one MIG slice of this profile (e.g. "1g.10gb"), sharing its host's
+    # MIG GPU with the host's other MIG replicas; gpus is then 1.
+    mig_profile: str | None = None
+    # The replica is a Kubernetes pod named as the replica in this namespace: its DCGM GPUs
+    # carry pod, namespace and container labels, as dcgm-exporter's Kubernetes mapping writes.
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,11 @@ class HealthInputs:
     """What the detectors read, as the store holds it, already cut to [start, end).
 
     - `points`, `dimensions`: scraped samples and `pipeline.metric_sli.series_dimensions`
-      output (series with replica, host, zone, pool, model, `le`, signal).
+      output (series with replica, host, zone, pool, model, `le`, signal). A DCGM series
+      carries the replica its GPU serves (`pipeline.gpu_attribution`), or a null replica and
+      a `gpu_rule` saying why none: a detector reading GPU signals takes
+      `pipeline.metric_sli.attributed(dimensions)` and folds a replica's GPUs by each
+      signal's aggregation, never a host's GPUs onto each of its replicas.
     - `requests`: traced requests (REQUESTS_SCHEMA); empty when nothing is traced.
     - `targets`, `scrapes`: TARGETS_SCHEMA and SCRAPES_SCHEMA rows.
     - `version_label`: the target label (or `model`) that tells rollout versions apart.

@@ -11,10 +11,17 @@ from datetime import datetime
 
 import polars as pl
 
+from servewatch.pipeline.gpu_attribution import unmatched_gpu_readings
 from servewatch.pipeline.metric_minutes import MINUTE_S, minute_ends_s
-from servewatch.pipeline.metric_sli import Scope, counter_minutes, gauge_stats
+from servewatch.pipeline.metric_sli import (
+    Scope,
+    attributed,
+    counter_minutes,
+    gauge_stats,
+    series_window_stats,
+)
 from servewatch.pipeline.promql import histogram_quantile_frame
-from servewatch.pipeline.signals import Signal
+from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal
 
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
 LATENCY_SIGNALS = (
@@ -32,6 +39,56 @@ def _minute(frame: pl.LazyFrame) -> pl.LazyFrame:
             ((pl.col("window_end_s") - MINUTE_S) * 1_000_000).cast(pl.Int64), time_unit="us"
         )
     ).drop("window_end_s")
+
+
+# The GPU health chart's columns: (column, signal), each replica's GPUs folded by the signal's
+# aggregation (mean activity, summed power, hottest GPU).
+GPU_COLUMNS: tuple[tuple[str, Signal], ...] = (
+    ("tensor_active_ratio", Signal.GPU_TENSOR_ACTIVE_RATIO),
+    ("power_w", Signal.GPU_POWER_W),
+    ("temperature_c", Signal.GPU_TEMPERATURE_C),
+)
+
+
+def gpu_minutes(
+    points: pl.LazyFrame, dimensions: pl.LazyFrame, *, window_ends_s: list[float]
+) -> pl.LazyFrame:
+    """Per replica and minute, its GPUs' minute means folded by each signal's aggregation
+    (`GPU_COLUMNS`). Only GPUs attributed to a replica count (`gpu_attribution`)."""
+    signals = [signal.value for _, signal in GPU_COLUMNS]
+    chosen = attributed(dimensions).filter(
+        pl.col("signal").is_in(signals) & pl.col("replica").is_not_null()
+    )
+    per_series = series_window_stats(
+        points, chosen, range_s=MINUTE_S, window_ends_s=window_ends_s
+    ).join(chosen.select("series_id", "replica", "signal"), on="series_id", how="inner")
+    signal = pl.col("signal")
+    folds = {
+        Aggregation.SUM: pl.Expr.sum,
+        Aggregation.MEAN: pl.Expr.mean,
+        Aggregation.MAX: pl.Expr.max,
+    }
+    return _minute(
+        per_series.group_by("replica", "window_end_s").agg(
+            pl.when((signal == gpu.value).any())
+            .then(folds[SIGNALS[gpu].aggregation](pl.col("avg").filter(signal == gpu.value)))
+            .alias(name)
+            for name, gpu in GPU_COLUMNS
+        )
+    )
+
+
+def xid_events(points: pl.LazyFrame, dimensions: pl.LazyFrame) -> pl.LazyFrame:
+    """Samples of an attributed GPU's last-XID field that name an XID (non-zero): ts,
+    replica, xid."""
+    chosen = attributed(dimensions).filter(
+        (pl.col("signal") == Signal.GPU_LAST_XID.value) & pl.col("replica").is_not_null()
+    )
+    return (
+        points.join(chosen.select("series_id", "replica"), on="series_id", how="inner")
+        .filter(pl.col("value") > 0)
+        .select("ts", "replica", xid=pl.col("value"))
+    )
 
 
 def metric_minute_frames(
@@ -91,6 +148,9 @@ def metric_minute_frames(
         ]
     ).filter(pl.col("latency_s").is_finite())
     return {
+        "gpu": gpu_minutes(points, dimensions, window_ends_s=ends),
+        "xid_events": xid_events(points, dimensions),
+        "unmatched_gpus": unmatched_gpu_readings(points, dimensions),
         "kv_cache_usage": gauge(Signal.KV_CACHE_USAGE_RATIO, "kv_cache_usage_ratio"),
         "prefix_cache": prefix,
         "scheduler_state": scheduler,

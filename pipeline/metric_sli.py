@@ -16,9 +16,10 @@ from itertools import pairwise
 
 import polars as pl
 
+from servewatch.pipeline.gpu_attribution import UNATTRIBUTED, attribute_series
 from servewatch.pipeline.promql import histogram_quantile_frame, increase_frame
 from servewatch.pipeline.signals import ENGINE_SOURCES as ENGINES
-from servewatch.pipeline.signals import Signal, Source
+from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal, Source
 
 ENGINE_SOURCES = (*(source.value for source in ENGINES), Source.DCGM.value)
 DIMENSIONS = ("replica", "host", "zone", "pool", "model")
@@ -38,11 +39,15 @@ class Scope(Enum):
 def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFrame:
     """Series with their target's dimensions and the labels SLIs group by: `le` as a float
     (null for non-bucket series), `finished_reason`, and `model` (the target's, else the
-    series' model_name label)."""
+    series' model_name label). DCGM series get the replica their GPU serves, by
+    `gpu_attribution` (its `gpu_rule` column says by which rule, or why none), never every
+    replica of their host."""
     label = pl.col("labels").str.json_path_match
-    return (
+    if "gpus" not in targets.collect_schema().names():
+        targets = targets.with_columns(gpus=pl.lit(None, pl.Int32()))
+    dimensions = (
         series.join(
-            targets.select("target_id", *DIMENSIONS).rename({"model": "target_model"}),
+            targets.select("target_id", *DIMENSIONS, "gpus").rename({"model": "target_model"}),
             on="target_id",
             how="left",
         )
@@ -56,6 +61,7 @@ def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFra
         .drop("target_model")
         .filter(pl.col("source").is_null() | pl.col("source").is_in(ENGINE_SOURCES))
     )
+    return attribute_series(dimensions)
 
 
 def _increases(
@@ -152,7 +158,7 @@ def gauge_stats(
     ends_sorted = sorted(window_ends_s)
     if any(b - a < range_s for a, b in pairwise(ends_sorted)):
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
-    chosen = dimensions.filter(pl.col("signal") == signal.value)
+    chosen = attributed(dimensions).filter(pl.col("signal") == signal.value)
     ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
     samples = (
         points.join(chosen.select("series_id", *DIMENSIONS), on="series_id", how="inner")
@@ -224,40 +230,30 @@ COUNTERS: tuple[tuple[str, Signal], ...] = (
     ("spec_decode_draft_tokens", Signal.SPEC_DECODE_DRAFT_TOKENS),
     ("spec_decode_accepted_tokens", Signal.SPEC_DECODE_ACCEPTED_TOKENS),
 )
-# Gauges: (column stem, signal, how the series of a group combine). Counts and power add up
-# over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the total);
-# ratios average (`avg by (group) (avg_over_time(x[w]))`). The max is always the highest one
-# series reached (`max by (group) (max_over_time(x[w]))`).
-GAUGES: tuple[tuple[str, Signal, str], ...] = (
-    ("kv_cache_usage_ratio", Signal.KV_CACHE_USAGE_RATIO, "mean"),
-    ("requests_running", Signal.REQUESTS_RUNNING, "sum"),
-    ("requests_waiting", Signal.REQUESTS_WAITING, "sum"),
-    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO, "mean"),
-    ("gpu_power_w", Signal.GPU_POWER_W, "sum"),
+# Gauges: (column stem, signal). The series of a group combine by the signal's `Aggregation`
+# (pipeline/signals.py), as a tensor-parallel replica folds its GPUs: counts, power and memory
+# add up over the group (`sum by (group) (avg_over_time(x[w]))`, the time-average of the
+# total); ratios average (`avg by (group) (avg_over_time(x[w]))`); temperatures take the
+# hottest (`max by (group) (avg_over_time(x[w]))`). The max is always the highest one series
+# reached (`max by (group) (max_over_time(x[w]))`). GPUs that serve no replica
+# (`gpu_attribution`) count in no group, the fleet included: they are listed apart.
+GAUGES: tuple[tuple[str, Signal], ...] = (
+    ("kv_cache_usage_ratio", Signal.KV_CACHE_USAGE_RATIO),
+    ("requests_running", Signal.REQUESTS_RUNNING),
+    ("requests_waiting", Signal.REQUESTS_WAITING),
+    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO),
+    ("gpu_power_w", Signal.GPU_POWER_W),
+    ("gpu_fb_used_bytes", Signal.GPU_FB_USED_BYTES),
+    ("gpu_temperature_c", Signal.GPU_TEMPERATURE_C),
     # an engine's own hit-rate gauge (SGLang, TensorRT-LLM, vLLM V0), beside the counters' one
-    ("prefix_cache_hit_ratio_reported", Signal.PREFIX_CACHE_HIT_RATIO, "mean"),
+    ("prefix_cache_hit_ratio_reported", Signal.PREFIX_CACHE_HIT_RATIO),
 )
 
 
-def with_host_replicas(dimensions: pl.LazyFrame) -> pl.LazyFrame:
-    """DCGM series of a host-level exporter (no replica of their own) attributed to the
-    replicas the engine targets place on that host, with their pool and model. A host serving
-    two replicas appears under both; group-level figures count each series once per group."""
-    engines = (
-        dimensions.filter(pl.col("source") != "dcgm")
-        .select("host", "replica", "pool", "model")
-        .drop_nulls(["host", "replica"])
-        .unique()
-    )
-    unplaced = (
-        (pl.col("source") == "dcgm") & pl.col("replica").is_null() & pl.col("host").is_not_null()
-    )
-    placed = (
-        dimensions.filter(unplaced)
-        .drop("replica", "pool", "model")
-        .join(engines, on="host", how="inner")
-    )
-    return pl.concat([dimensions.filter(~unplaced), placed], how="diagonal_relaxed")
+def attributed(dimensions: pl.LazyFrame) -> pl.LazyFrame:
+    """Dimensions without the DCGM series of GPUs that serve no replica."""
+    unattributed = [rule.value for rule in UNATTRIBUTED]
+    return dimensions.filter(~pl.col("gpu_rule").is_in(unattributed).fill_null(value=False))
 
 
 def _group_series(dimensions: pl.LazyFrame, scope: Scope) -> pl.LazyFrame:
@@ -388,6 +384,26 @@ def finish_reasons(
     )
 
 
+def series_window_stats(
+    points: pl.LazyFrame, chosen: pl.LazyFrame, *, range_s: float, window_ends_s: Sequence[float]
+) -> pl.LazyFrame:
+    """Each chosen series' `avg_over_time` (`avg`) and `max_over_time` (`top`) per window;
+    a sample counts in the first window ending at or after it (windows must not overlap).
+    Columns: series_id, window_end_s, avg, top."""
+    ends = pl.LazyFrame(
+        {"window_end_s": sorted(window_ends_s)}, schema={"window_end_s": pl.Float64}
+    )
+    return (
+        points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
+        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
+        .sort("ts_s")
+        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
+        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
+        .group_by("series_id", "window_end_s")
+        .agg(avg=pl.col("value").mean(), top=pl.col("value").max())
+    )
+
+
 def gauge_table(
     points: pl.LazyFrame,
     dimensions: pl.LazyFrame,
@@ -402,29 +418,23 @@ def gauge_table(
     ends_sorted = sorted(window_ends_s)
     if any(b - a < range_s for a, b in pairwise(ends_sorted)):
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
-    signals = [signal.value for _, signal, _ in GAUGES]
-    chosen = dimensions.filter(pl.col("signal").is_in(signals))
-    ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
-    per_series = (
-        points.join(chosen.select("series_id").unique(), on="series_id", how="semi")
-        .with_columns(ts_s=pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6)
-        .sort("ts_s")
-        .join_asof(ends, left_on="ts_s", right_on="window_end_s", strategy="forward")
-        .filter(pl.col("ts_s") >= pl.col("window_end_s") - range_s)
-        .group_by("series_id", "window_end_s")
-        .agg(avg=pl.col("value").mean(), top=pl.col("value").max())
-    )
+    signals = [signal.value for _, signal in GAUGES]
+    chosen = attributed(dimensions).filter(pl.col("signal").is_in(signals))
+    per_series = series_window_stats(points, chosen, range_s=range_s, window_ends_s=ends_sorted)
     by = [*scope.columns, "window_end_s"]
     grouped = per_series.join(_group_series(chosen, scope), on="series_id", how="inner")
     signal = pl.col("signal")
     aggregations: list[pl.Expr] = []
-    for stem, gauge, combine in GAUGES:
+    for stem, gauge in GAUGES:
         mine = signal == gauge.value
         average = pl.col("avg").filter(mine)
+        combined = {
+            Aggregation.SUM: average.sum(),
+            Aggregation.MEAN: average.mean(),
+            Aggregation.MAX: average.max(),
+        }[SIGNALS[gauge].aggregation]
         aggregations += [
-            pl.when(mine.any())
-            .then(average.sum() if combine == "sum" else average.mean())
-            .alias(f"{stem}_mean"),
+            pl.when(mine.any()).then(combined).alias(f"{stem}_mean"),
             pl.col("top").filter(mine).max().alias(f"{stem}_max"),
         ]
     return grouped.group_by(by).agg(aggregations).sort(by, nulls_last=True)

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from servewatch.pipeline.cross_check import cross_check
+from servewatch.pipeline.gpu_attribution import unmatched_gpu_readings
 from servewatch.pipeline.instants import format_instant
 from servewatch.pipeline.metric_sli import (
     COUNTERS,
@@ -27,7 +28,6 @@ from servewatch.pipeline.metric_sli import (
     gauge_table,
     histogram_quantiles,
     latency_quantiles,
-    with_host_replicas,
 )
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from servewatch.pipeline.signals import Signal
@@ -278,7 +278,7 @@ def _metric_block(
     for stem, _ in LATENCY_HISTOGRAMS:
         out[f"{stem}_s"] = {f"p{p}": row.get(f"{stem}_p{p}_s") for p, _ in QUANTILES}
         out[f"{stem}_s"]["observations"] = row.get(f"{stem}_observations")
-    for stem, _, _ in GAUGES:
+    for stem, _ in GAUGES:
         out[stem] = {"mean": row.get(f"{stem}_mean"), "max": row.get(f"{stem}_max")}
     # From the counters where the group has them, else the engines' own gauge.
     counted = row.get("prefix_cache_hit_ratio")
@@ -350,7 +350,7 @@ def histogram_section(
         return None
     # Range selectors include both edges; points_between excludes its upper bound.
     points = window.points_between(start, end + timedelta(microseconds=1))
-    dimensions = with_host_replicas(window.dimensions())
+    dimensions = window.dimensions()
     scope = Scope(by.value)
     column = None if scope is Scope.FLEET else scope.value
     window_s = (end - start).total_seconds()
@@ -378,6 +378,8 @@ def histogram_section(
         "window": {"from": format_instant(start), "to": format_instant(end), "window_s": window_s},
         "overall": overall.get((None, _epoch_s(end)), empty),
         "groups": [],
+        # GPUs (and MIG slices) that serve no replica, so their figures are in no group.
+        "unmatched_gpus": unmatched_gpu_readings(points, dimensions).collect().to_dicts(),
     }
     if column:
         grouped = _blocks(*collected["group", "whole"], column=column, window_s=window_s)

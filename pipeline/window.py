@@ -90,8 +90,12 @@ class Window:
                 )
 
     def dimensions(self) -> pl.LazyFrame:
-        """Every series with its target's dimensions (`metric_sli.series_dimensions`)."""
-        return series_dimensions(self.series.lazy(), self.targets.lazy())
+        """Every series with its target's dimensions (`metric_sli.series_dimensions`).
+
+        Collected here, once per call: the frame is one row per series, and the GPU
+        attribution behind it would otherwise be planned again inside every query that
+        reads it (seconds of planning for a report's few dozen plans)."""
+        return series_dimensions(self.series.lazy(), self.targets.lazy()).collect().lazy()
 
     def frames(self) -> dict[str, pl.DataFrame]:
         """The window's frames by table name (`WINDOW_TABLES` order)."""

@@ -117,7 +117,8 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     """One inline [[targets]] entry; `interval_s` and `timeout_s` override the scrape settings
     for this target (a timeout longer than the target's interval is refused)."""
     labels = {
-        k: section.raw(k) for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus")
+        k: section.raw(k)
+        for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus", "pod", "namespace")
     }
     url = section.text("url")
     if url is None:

@@ -110,7 +110,7 @@ def measure(
         if window is None
         else metric_minute_frames(
             store.read_points(from_ts=window[0], to_ts=window[1]),
-            series_dimensions(store.read_series(), store.read_targets()),
+            series_dimensions(store.read_series(), store.read_targets()).collect().lazy(),
             start=window[0],
             end=window[1],
         )

@@ -172,7 +172,30 @@ def sli_histogram_tables(report: dict[str, Any]) -> list[Table]:
             _fmt(row["gpu_power_w"]["mean"], digits=0),
             end_section=last,
         )
-    return [latency, state]
+    tables = [latency, state]
+    unmatched = section.get("unmatched_gpus") or []
+    if unmatched:
+        tables.append(unmatched_gpus_table(unmatched))
+    return tables
+
+
+def unmatched_gpus_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """GPUs (and MIG slices) that serve no replica: in no group's figures, so listed here."""
+    table = Table(title="GPUs that serve no replica (in no group's figures)")
+    for header in ("host", "UUID", "MIG", "pod", "why", "GPU W", "GPU util %"):
+        table.add_column(header, justify="right" if header.startswith("GPU ") else "left")
+    for row in rows:
+        pod = f"{row['namespace']}/{row['pod']}" if row["pod"] else "-"
+        table.add_row(
+            str(row["hostname"] or "-"),
+            str(row["uuid"] or "-"),
+            str(row["gpu_instance"] or "-"),
+            pod,
+            str(row["rule"]),
+            _fmt(row["gpu_power_w_mean"], digits=0),
+            _fmt(row["gpu_util_ratio_mean"], scale=100.0),
+        )
+    return table
 
 
 def change_json(change: AlertChange) -> dict[str, Any]:

@@ -77,7 +77,8 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
             )
         ]
     if metrics:
-        dimensions = series_dimensions(store.read_series(), store.read_targets())
+        # One row per series: collected once, not planned again in every query reading it.
+        dimensions = series_dimensions(store.read_series(), store.read_targets()).collect().lazy()
         points = store.read_points(from_ts=start - timedelta(minutes=1), to_ts=end)
         frames.append(
             metric_slo_minutes(points, dimensions, criteria=metrics, start=start, end=end)

@@ -44,6 +44,20 @@ def poll(what: str, check: Callable[[], T | None], *, deadline_s: float = DEADLI
     pytest.fail(f"timed out waiting for {what}")
 
 
+class FleetHold:
+    """Stops a live fleet's clock (`live_fleet(..., hold=...)`) while its servers stay up."""
+
+    def __init__(self) -> None:
+        self.frozen = threading.Event()
+        self.runner: threading.Thread | None = None
+
+    def freeze(self) -> None:
+        """Stop the simulation; returns once its pages will change no more."""
+        self.frozen.set()
+        if self.runner is not None:
+            self.runner.join()
+
+
 @contextmanager
 def live_fleet(
     config: FleetConfig,
@@ -51,11 +65,14 @@ def live_fleet(
     seed: int,
     tick_s: float = 0.1,
     ports: Mapping[str, int] | None = None,
+    hold: FleetHold | None = None,
 ) -> Iterator[tuple[LiveFleetServer, FleetSimulation]]:
     """`config` emulated at wall-clock time and served; failures run on the same clock.
 
     `ports` (see `fleet_ports`) fixes where targets listen, so that a Prometheus can be
-    started, and scraping, before the fleet's clock starts.
+    started, and scraping, before the fleet's clock starts. `hold.freeze()` stops the
+    fleet's clock for good: the servers stay up and serve their last pages, byte for byte, so
+    two scrapers reading them later read the same values.
     """
     start_s = time.time()
     server = LiveFleetServer(
@@ -66,12 +83,18 @@ def live_fleet(
     )
     simulation = FleetSimulation(config, observer=server, seed=seed, start_s=start_s)
     stop = threading.Event()
+    held = hold or FleetHold()
+
+    def wait(timeout_s: float) -> bool:
+        return stop.wait(timeout_s) or held.frozen.is_set()
+
     runner = threading.Thread(
         target=run_live,
         args=(simulation, server),
-        kwargs={"clock": time.time, "wait": stop.wait, "tick_s": tick_s},
+        kwargs={"clock": time.time, "wait": wait, "tick_s": tick_s},
         name="emulated-fleet",
     )
+    held.runner = runner
     server.start()
     runner.start()
     try:

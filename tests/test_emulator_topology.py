@@ -8,12 +8,15 @@ from collections import Counter
 
 import pytest
 
+from servewatch.emulator.dcgm_metrics import DcgmObserver
 from servewatch.emulator.fleet_config import (
     FleetConfigError,
     TopologySpec,
     fleet_config_from_mapping,
 )
+from servewatch.emulator.records import ReplicaState
 from servewatch.emulator.workload import SpecError
+from tests.test_emulator_outputs import dcgm_samples
 
 
 def load(topology_toml: str) -> TopologySpec:
@@ -121,3 +124,53 @@ def test_a_failure_on_a_host_of_the_smaller_zone_is_accepted_and_one_beyond_is_n
 def test_the_spec_refuses_a_bad_count_in_code_too() -> None:
     with pytest.raises(SpecError, match=r"hosts_per_zone\[0\]"):
         TopologySpec(zones=("a",), hosts_per_zone=(0,))
+
+
+MIXED = """
+zones = ["zone-a", "zone-b"]
+namespace = "serving"
+[[topology.hosts]]
+zone = "zone-a"
+replica_gpus = [1, 1]
+[[topology.hosts]]
+zone = "zone-a"
+replica_gpus = [2]
+[[topology.hosts]]
+zone = "zone-b"
+replica_gpus = [1, 1, 1]
+mig_profile = "1g.10gb"
+"""
+
+
+def test_a_layout_mixes_single_gpu_tensor_parallel_and_mig_replicas() -> None:
+    topology = load(MIXED)
+    assert (topology.hosts, topology.replicas) == (3, 6)
+    placements = topology.placements(model="m", pool="p")
+    assert [(p.replica, p.host, p.gpus, p.mig_profile) for p in placements] == [
+        ("vllm-0", "host-0", 1, None),
+        ("vllm-1", "host-0", 1, None),
+        ("vllm-2", "host-1", 2, None),
+        ("vllm-3", "host-2", 1, "1g.10gb"),
+        ("vllm-4", "host-2", 1, "1g.10gb"),
+        ("vllm-5", "host-2", 1, "1g.10gb"),
+    ]
+    dcgm = DcgmObserver(placements, started_s=0.0)
+    dcgm.sample(60.0, [ReplicaState(p.replica, True, 8, 0, 0.3, 0.5, 900.0) for p in placements])
+    power: dict[tuple[str, str, str | None], float] = {}
+    for host in ("host-0", "host-1", "host-2"):
+        for name, labels, value in dcgm_samples(dcgm.page(host) or b""):
+            if name == "DCGM_FI_DEV_POWER_USAGE":
+                assert labels["namespace"] == "serving"
+                assert labels["container"] == "vllm"
+                power[labels["pod"], labels["UUID"], labels.get("GPU_I_ID")] = value
+    # the MIG host shows one GPU: three slices under its UUID, one per replica
+    slices = sorted((k, pod) for (pod, uuid, k) in power if k is not None)
+    assert slices == [("1", "vllm-3"), ("2", "vllm-4"), ("3", "vllm-5")]
+    assert len({uuid for (_, uuid, k) in power if k is not None}) == 1
+    # the same load reads differently on every GPU, the two of the TP=2 replica included
+    assert len(set(power.values())) == len(power) == 7
+
+
+def test_a_mig_host_needs_one_slice_per_replica() -> None:
+    with pytest.raises(FleetConfigError, match=r"topology.hosts\[0\].*one slice each"):
+        load('zones = ["a"]\n[[topology.hosts]]\nzone = "a"\nreplica_gpus = [2]\nmig_profile = "x"')

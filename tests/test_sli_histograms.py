@@ -100,7 +100,7 @@ def fill(store: Store) -> None:
                 "z",
                 model,
                 pool,
-                1,
+                2,  # each replica owns both GPUs of its host's exporter page
             )
             pages.append(Page(target, at, vllm_page(replica, k)))
         for host in ("h0", "h1"):  # r2's host runs no DCGM exporter
@@ -285,7 +285,8 @@ def test_sli_json_shape_and_table(scraped: Path) -> None:
     doc = json.loads(result.stdout)
     assert set(doc) == {"source", "by", "window", "histograms"}
     section = doc["histograms"]
-    assert set(section) == {"window", "overall", "groups", "series"}
+    assert set(section) == {"window", "overall", "groups", "series", "unmatched_gpus"}
+    assert section["unmatched_gpus"] == []
     block = section["groups"][0]
     assert set(block) == {
         "pool",
@@ -298,6 +299,8 @@ def test_sli_json_shape_and_table(scraped: Path) -> None:
         "requests_waiting",
         "gpu_util_ratio",
         "gpu_power_w",
+        "gpu_fb_used_bytes",
+        "gpu_temperature_c",
         "prefix_cache_hit_ratio",
         "prefix_cache_hit_ratio_from",
         "prefix_cache_hit_ratio_reported",

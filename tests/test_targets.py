@@ -16,6 +16,7 @@ from servewatch.collectors.scrape.targets import (
     TargetKind,
     merge_targets,
     parse_file_sd,
+    target_from_labels,
 )
 
 GROUPS = [
@@ -123,3 +124,25 @@ def test_merge_keeps_the_first_definition() -> None:
     b = parse_file_sd(json.dumps(GROUPS[:1]), source="b.json")
     merged = merge_targets([a, b])
     assert merged == a
+
+
+@pytest.mark.parametrize(
+    ("labels", "replica", "error"),
+    [
+        ({"pod": "vllm-7f9c", "namespace": "serving"}, "serving/vllm-7f9c", None),
+        ({"pod": "p", "namespace": "ns", "replica": "ns/p"}, "ns/p", None),
+        ({"replica": "vllm-0"}, "vllm-0", None),
+        ({"pod": "p"}, None, "label pod needs label namespace too"),
+        ({"namespace": "ns"}, None, "label namespace needs label pod too"),
+        ({"pod": "p", "namespace": "ns", "replica": "r"}, None, "contradicts labels pod"),
+    ],
+)
+def test_pod_and_namespace_name_the_replica(
+    labels: dict[str, str], replica: str | None, error: str | None
+) -> None:
+    if error is None:
+        target = target_from_labels("10.0.0.5:8000", {"kind": "vllm", **labels}, where="t")
+        assert target.replica == replica
+    else:
+        with pytest.raises(TargetError, match=error):
+            target_from_labels("10.0.0.5:8000", {"kind": "vllm", **labels}, where="t")

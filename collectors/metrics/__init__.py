@@ -1,2 +1,2 @@
-"""Metric pages: the exposition parser, the vLLM and DCGM catalogues, the GPU join,
+"""Metric pages: the exposition parser, the vLLM and DCGM catalogues,
 and pages into the store."""

@@ -20,8 +20,11 @@ instance is an address, as a servewatch scrape of it would name it); `replica`, 
 `zone`, `model`, `pool` and `gpus` (a fleet's relabelling) and `kind` (servewatch's file_sd
 convention) fill the target's row. All of these are left out of the series labels, because a
 scrape of the page itself would not see them; the remaining labels are the page's own and go
-through the catalogue as scraped ones do. A series's kind is its `kind` label, else the
-catalogue that knows its name, else its target's kind.
+through the catalogue as scraped ones do. A vLLM target without `replica` whose series name
+a `pod` and `namespace` (a Kubernetes service discovery's relabelling) is the replica
+`<namespace>/<pod>`, as a scrape target labelled so is; those two labels stay on the series.
+A series's kind is its `kind` label, else the catalogue that knows its name, else its
+target's kind.
 
 Every instant (STEP) or scrape timestamp (RAW) of a target becomes a scrape; `up == 0` at an
 instant records a failed one. Scrapes already stored are skipped with their samples, so
@@ -201,13 +204,21 @@ def target_of(labels: Mapping[str, str], *, target_id: str, kind: TargetKind) ->
         target_id=target_id,
         kind=kind,
         url=target_id,
-        replica=text("replica"),
+        replica=text("replica") or (_pod_replica(labels) if kind is TargetKind.VLLM else None),
         host=text("host"),
         zone=text("zone"),
         model=text("model"),
         pool=text("pool"),
         gpus=_gpus(labels.get("gpus")),
     )
+
+
+def _pod_replica(labels: Mapping[str, str]) -> str | None:
+    """A vLLM series that names its pod (a Kubernetes service discovery's relabelling) speaks
+    for the replica `<namespace>/<pod>`, as a scrape target labelled so does. (A DCGM
+    series' pod is its GPU's workload, not its target's replica.)"""
+    pod, namespace = labels.get("pod"), labels.get("namespace")
+    return f"{namespace}/{pod}" if pod and namespace else None
 
 
 def series_labels(labels: Mapping[str, str]) -> str:

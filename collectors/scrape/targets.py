@@ -3,7 +3,8 @@
 Targets come inline from the config or from Prometheus `file_sd` files (JSON or YAML lists of
 `{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm,
 dcgm, sglang, trtllm, tgi, llamacpp, or auto, the default: told from each page), `replica`,
-`host`, `zone`, `model`, `pool`, `gpus`, and Prometheus's own `__scheme__`, `__metrics_path__`,
+`host`, `zone`, `model`, `pool`, `gpus`, `pod` and `namespace` (which name the replica
+`<namespace>/<pod>`), and Prometheus's own `__scheme__`, `__metrics_path__`,
 `__scrape_interval__` and `__scrape_timeout__` (a target's own interval and timeout, as
 Prometheus durations such as `30s` or `1m`, or numbers of seconds). A file that stops parsing
 keeps its last good list in use, as Prometheus does, and the error is reported.
@@ -67,6 +68,8 @@ KNOWN_LABELS = frozenset(
         "model",
         "pool",
         "gpus",
+        "pod",
+        "namespace",
         "__scheme__",
         "__metrics_path__",
         "__scrape_interval__",
@@ -168,7 +171,9 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         target_id=url,
         kind=kind,
         url=url,
-        replica=text("replica"),
+        replica=_replica(
+            text("replica"), pod=text("pod"), namespace=text("namespace"), where=where
+        ),
         host=text("host"),
         zone=text("zone"),
         model=text("model"),
@@ -177,6 +182,28 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         interval_s=interval_s,
         timeout_s=timeout_s,
     )
+
+
+def _replica(
+    replica: str | None, *, pod: str | None, namespace: str | None, where: str
+) -> str | None:
+    """The replica a target speaks for. Labels `pod` and `namespace` name it
+    `<namespace>/<pod>`, the form in which the store keeps a replica's pod for matching GPUs
+    that dcgm-exporter's Kubernetes mapping labels with it (pipeline/gpu_attribution.py)."""
+    if pod is None and namespace is None:
+        return replica
+    if pod is None or namespace is None:
+        given, missing = ("pod", "namespace") if pod is not None else ("namespace", "pod")
+        raise TargetError(
+            f"{where}: label {given} needs label {missing} too: a pod is named within its namespace"
+        )
+    named = f"{namespace}/{pod}"
+    if replica is not None and replica != named:
+        raise TargetError(
+            f"{where}: label replica {replica!r} contradicts labels pod and namespace, which "
+            f"name the replica {named!r}; give one or the other"
+        )
+    return named
 
 
 def parse_file_sd(text: str, *, source: str) -> list[Target]:
