@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from servewatch.emulator.records import (
+    EngineKind,
     FinishedRequest,
     ReplicaEvent,
     ReplicaEventKind,
@@ -226,7 +227,9 @@ class FixtureFiles:
             "spans_path": str(spans_path),
             "settings": dataclasses.asdict(settings),
             "compresslevel": compresslevel,
-            "placements": [dataclasses.asdict(p) for p in placement_list],
+            "placements": [
+                {**dataclasses.asdict(p), "engine": p.engine.value} for p in placement_list
+            ],
             "seed": seed,
             "spans_per_line": spans_per_line,
             "conversation_ids": conversation_ids,
@@ -301,7 +304,10 @@ def _serve(stream: IO[bytes]) -> None:
         Path(setup["spans_path"]),
         settings=EngineSettings(**setup["settings"]),
         compresslevel=setup["compresslevel"],
-        placements=[ReplicaPlacement(**p) for p in setup["placements"]],
+        placements=[
+            ReplicaPlacement(**{**p, "engine": EngineKind(p["engine"])})
+            for p in setup["placements"]
+        ],
         seed=setup["seed"],
         spans_per_line=setup["spans_per_line"],
         conversation_ids=setup["conversation_ids"],

@@ -4,6 +4,8 @@ Layout (docs/emulator-outputs.md describes it for readers):
 
     manifest.json                            what the folder holds (below)
     pages/vllm/<replica>/<unix_ms>.prom.gz   one vLLM /metrics page per replica per scrape
+    pages/<kind>/<replica>/<unix_ms>.prom.gz the same for replicas of another engine
+                                             (kind sglang, trtllm, tgi or llamacpp)
     pages/dcgm/<host>/<unix_ms>.prom.gz      one DCGM exporter page per host per scrape
     spans.jsonl.gz                           llm_request spans as OTLP JSON lines
 
@@ -29,10 +31,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from servewatch.emulator.engine_pages import EnginePagesObserver
 from servewatch.emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig
 from servewatch.emulator.records import (
+    EngineKind,
     EngineSteps,
     FinishedRequest,
     ReplicaEvent,
@@ -56,16 +60,37 @@ class FixtureError(ValueError):
 
 
 class TargetKind(Enum):
+    """What serves a target's page: a replica's engine, or a host's DCGM exporter (the kinds
+    servewatch's scrape targets take; both TensorRT-LLM page shapes are `trtllm`)."""
+
     VLLM = "vllm"
     DCGM = "dcgm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    TGI = "tgi"
+    LLAMACPP = "llamacpp"
+
+
+ENGINE_TARGET_KINDS = {
+    EngineKind.VLLM: TargetKind.VLLM,
+    EngineKind.SGLANG: TargetKind.SGLANG,
+    EngineKind.TRTLLM: TargetKind.TRTLLM,
+    EngineKind.TRTLLM_DYNAMO: TargetKind.TRTLLM,
+    EngineKind.TGI: TargetKind.TGI,
+    EngineKind.LLAMACPP: TargetKind.LLAMACPP,
+}
 
 
 @dataclass(frozen=True)
 class FixtureTarget:
-    """One scrape target of the recorded fleet: `kind/name` is its id and its page folder."""
+    """One scrape target of the recorded fleet: `kind/name` is its id and its page folder.
+
+    `engine` is the replica's engine (None for DCGM targets); it tells the two TensorRT-LLM
+    page shapes apart, which share the kind `trtllm`.
+    """
 
     kind: TargetKind
-    name: str  # the replica for vLLM targets, the host for DCGM targets
+    name: str  # the replica for engine targets, the host for DCGM targets
     host: str
     zone: str
     replicas: tuple[str, ...]
@@ -79,6 +104,8 @@ class FixtureTarget:
         """The replica as a scraper names it: `<namespace>/<pod>` for a pod."""
         return self.name if self.namespace is None else f"{self.namespace}/{self.name}"
 
+    engine: EngineKind | None = None
+
     @property
     def target_id(self) -> str:
         return f"{self.kind.value}/{self.name}"
@@ -89,9 +116,9 @@ class FixtureTarget:
 
     def to_json(self) -> dict[str, Any]:
         labels = {"host": self.host, "zone": self.zone}
-        if self.kind is TargetKind.VLLM:
+        if self.kind is not TargetKind.DCGM:
             labels = {"replica": self.replica_label, **labels}
-        return {
+        out = {
             "id": self.target_id,
             "kind": self.kind.value,
             "job": self.kind.value,
@@ -102,10 +129,14 @@ class FixtureTarget:
             "gpus": self.gpus,
             "pages": self.pages_dir,
         }
+        if self.engine is not None and self.engine is not EngineKind.VLLM:
+            out["engine"] = self.engine.value
+        return out
 
 
 def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]:
-    """A vLLM target per replica, then a DCGM target per host (hosts in placement order)."""
+    """A target per replica (of its engine's kind), then a DCGM target per host (hosts in
+    placement order)."""
     placement_list = list(placements)
     for placement in placement_list:
         for what, value in (("replica", placement.replica), ("host", placement.host)):
@@ -116,7 +147,7 @@ def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]
                 )
     targets = [
         FixtureTarget(
-            kind=TargetKind.VLLM,
+            kind=ENGINE_TARGET_KINDS[p.engine],
             name=p.replica,
             host=p.host,
             zone=p.zone,
@@ -125,6 +156,7 @@ def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]
             pool=p.pool,
             gpus=p.gpus,
             namespace=p.namespace,
+            engine=p.engine,
         )
         for p in placement_list
     ]
@@ -206,9 +238,11 @@ class FixtureWriter:
         self.scrape_interval_s = scrape_interval_s
         self.engine = engine or EngineSettings()
         self.compresslevel = compresslevel
-        self.vllm = VllmMetricsObserver(
-            self.placement_list, started_s=start_s, settings=self.engine
-        )
+        vllm = [p for p in self.placement_list if p.engine is EngineKind.VLLM]
+        others = [p for p in self.placement_list if p.engine is not EngineKind.VLLM]
+        self.vllm = VllmMetricsObserver(vllm, started_s=start_s, settings=self.engine)
+        self.engines = EnginePagesObserver(others, started_s=start_s, settings=self.engine)
+        self._engine_replicas = frozenset(p.replica for p in others)
         self.dcgm = DcgmObserver(
             self.placement_list,
             started_s=start_s,
@@ -234,9 +268,11 @@ class FixtureWriter:
             conversation_ids=conversation_ids,
         )
         self.spans: SpanSink = self._files.spans
-        # The observer's engine_steps is the vLLM metrics' own (DCGM and spans ignore steps):
-        # millions of records a day skip a call.
-        self.engine_steps: Callable[[EngineSteps], None] = self.vllm.engine_steps
+        # The observer's engine_steps is the vLLM metrics' own (DCGM and spans ignore steps)
+        # when every replica runs vLLM: millions of records a day skip a call.
+        self.engine_steps: Callable[[EngineSteps], None] = (
+            self._mixed_engine_steps if others else self.vllm.engine_steps
+        )
         self.events: list[dict[str, Any]] = []
         self.pages_written = 0
         self.scrapes = 0
@@ -245,11 +281,23 @@ class FixtureWriter:
 
     # FleetObserver
     def request_finished(self, record: FinishedRequest) -> None:
-        self.vllm.request_finished(record)
+        if record.replica in self._engine_replicas:
+            self.engines.request_finished(record)
+        else:
+            self.vllm.request_finished(record)
         self.spans.request_finished(record)
 
+    def _mixed_engine_steps(self, record: EngineSteps) -> None:
+        if record.replica in self._engine_replicas:
+            self.engines.engine_steps(record)
+        else:
+            self.vllm.engine_steps(record)
+
     def replica_event(self, event: ReplicaEvent) -> None:
-        self.vllm.replica_event(event)
+        if event.replica in self._engine_replicas:
+            self.engines.replica_event(event)
+        else:
+            self.vllm.replica_event(event)
         self.dcgm.replica_event(event)
         self.spans.replica_event(event)
         self.events.append(_event_json(event, self.placements.get(event.replica)))
@@ -262,6 +310,7 @@ class FixtureWriter:
             raise FixtureError(f"scrape times must increase: {at_s} after {self._last_scrape_s}")
         snapshot = list(states)
         self.vllm.set_states(snapshot)
+        self.engines.set_states(snapshot)
         self.dcgm.sample(at_s, snapshot)
         stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}".encode()
         written = 0
@@ -274,7 +323,10 @@ class FixtureWriter:
                     continue
                 self._files.vllm_page(path, *values)
             else:
-                page = self.dcgm.page(target.name)
+                if target.kind is TargetKind.DCGM:
+                    page = self.dcgm.page(target.name)
+                else:
+                    page = self.engines.page(target.name)
                 if page is None:
                     continue
                 self._files.page(path, page)
@@ -433,7 +485,8 @@ def iter_pages(folder: Path, target_id: str) -> Iterator[tuple[float, bytes]]:
     """(scrape time in Unix seconds, page bytes) of one target, in time order."""
     kind, _, name = target_id.partition("/")
     if kind not in {k.value for k in TargetKind} or not _SAFE_NAME.match(name):
-        raise FixtureError(f"target id {target_id!r} is not <vllm|dcgm>/<name>")
+        kinds = "|".join(k.value for k in TargetKind)
+        raise FixtureError(f"target id {target_id!r} is not <{kinds}>/<name>")
     pages_dir = folder / PAGES_DIR / kind / name
     stamped: list[tuple[int, Path]] = []
     for path in pages_dir.iterdir():

@@ -13,6 +13,7 @@ names each bad field's path.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import tomllib
@@ -24,7 +25,7 @@ from typing import Any, NoReturn, TypeVar
 
 from servewatch.emulator.engine import EngineParams
 from servewatch.emulator.failures import FailureKind, FailureSpec, check_targets
-from servewatch.emulator.records import ReplicaPlacement
+from servewatch.emulator.records import EngineKind, ReplicaPlacement
 from servewatch.emulator.trace_replay import TraceFormat
 from servewatch.emulator.workload import (
     ArrivalKind,
@@ -103,10 +104,11 @@ class TopologySpec:
 
     `hosts_per_zone` is one count for every zone, or one count per zone in the order of
     `zones` (uneven zones: `(2, 1)` puts two hosts in the first zone and one in the second).
-    Hosts are named host-0, host-1, ... and replicas vllm-0, vllm-1, ... zone by zone.
-    `layout`, when given, replaces the uniform counts with one `HostSpec` per host (mixed
-    single-GPU and tensor-parallel replicas, MIG hosts), hosts numbered in its order. With
-    `namespace` every replica is a Kubernetes pod of that namespace named as the replica.
+    Hosts are named host-0, host-1, ... and replicas vllm-0, vllm-1, ... zone by zone (pools
+    rename each replica after its engine, `FleetConfig.placements`). `layout`, when given,
+    replaces the uniform counts with one `HostSpec` per host (mixed single-GPU and
+    tensor-parallel replicas, MIG hosts), hosts numbered in its order. With `namespace` every
+    replica is a Kubernetes pod of that namespace named as the replica.
     """
 
     zones: tuple[str, ...] = ("zone-a", "zone-b", "zone-c")
@@ -198,6 +200,34 @@ class TopologySpec:
 
 
 @dataclass(frozen=True)
+class PoolSpec:
+    """A pool of replicas running one engine (and, when given, its own model).
+
+    Pools take the topology's replicas in placement order: the first pool the first
+    `replicas` of them, and so on, so their counts add up to the topology's replicas. A
+    pool's replicas are named after its engine with the fleet-wide index (`vllm-0`,
+    `sglang-2`, `trtllm-dynamo-4`), and each serves its page in its engine's shape.
+    """
+
+    name: str
+    replicas: int
+    engine: EngineKind = EngineKind.VLLM
+    model: str | None = None  # None: the fleet's model
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("name", "must not be empty")
+        if self.replicas < 1:
+            raise SpecError("replicas", f"must be >= 1, got {self.replicas}")
+        if self.model == "":
+            raise SpecError("model", "must not be empty; leave it out for the fleet's model")
+
+    @property
+    def replica_prefix(self) -> str:
+        return self.engine.value.replace("_", "-")
+
+
+@dataclass(frozen=True)
 class SloSpec:
     """The request SLO capacity is measured at: TTFT and TPOT limits (inclusive), and the
     share of requests that must meet both."""
@@ -259,10 +289,24 @@ class FleetConfig:
     admission: AdmissionSpec | None = None  # None: the gateway admits everything
     # The gateway names each request's conversation on its span (gen_ai.conversation.id).
     conversation_ids: bool = False
+    # Replica groups by engine; () is one pool (`pool`) of vLLM replicas.
+    pools: tuple[PoolSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.model:
             raise SpecError("model", "must not be empty")
+        if self.pools:
+            names = [p.name for p in self.pools]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise SpecError("pools", f"pool names must be unique, {repeated} repeat")
+            total = sum(p.replicas for p in self.pools)
+            if total != self.topology.replicas:
+                raise SpecError(
+                    "pools",
+                    f"hold {total} replicas in all, but the topology has {self.topology.replicas}"
+                    " (hosts x replicas_per_host); the counts must add up to it",
+                )
         try:
             check_targets(self.failures, self.placements())
         except SpecError as exc:
@@ -273,7 +317,22 @@ class FleetConfig:
         return cls()
 
     def placements(self) -> list[ReplicaPlacement]:
-        return self.topology.placements(model=self.model, pool=self.pool)
+        placements = self.topology.placements(model=self.model, pool=self.pool)
+        if not self.pools:
+            return placements
+        out: list[ReplicaPlacement] = []
+        for spec in self.pools:
+            for placement in placements[len(out) : len(out) + spec.replicas]:
+                out.append(
+                    dataclasses.replace(
+                        placement,
+                        replica=f"{spec.replica_prefix}-{len(out)}",
+                        model=spec.model or self.model,
+                        pool=spec.name,
+                        engine=spec.engine,
+                    )
+                )
+        return out
 
 
 class FleetConfigError(ValueError):
@@ -598,6 +657,22 @@ def _host_spec(t: _Table) -> HostSpec:
     return t.build(lambda: HostSpec(zone, tuple(counts), profile))
 
 
+def _pools(root: _Table) -> tuple[PoolSpec, ...]:
+    out: list[PoolSpec] = []
+    for pt in root.tables("pools"):
+        for key in ("name", "replicas"):
+            if not pt.has(key):
+                pt.fail(key, "is required in every pool")
+        name = pt.text("name", "")
+        replicas = pt.integer("replicas", 0)
+        engine = pt.choice("engine", EngineKind, EngineKind.VLLM)
+        model = pt.text("model", "") if pt.has("model") else None
+        out.append(pt.build(functools.partial(PoolSpec, name, replicas, engine, model)))
+    if out and root.has("pool"):
+        root.fail("pool", "names the one pool of a fleet without [[pools]]; give one or the other")
+    return tuple(out)
+
+
 def fleet_config_from_mapping(
     doc: Mapping[str, Any], *, source: str, base_dir: Path | None = None
 ) -> FleetConfig:
@@ -628,6 +703,7 @@ def fleet_config_from_mapping(
         router = rt.build(lambda: RouterSpec(policy, load_factor, min_cap, vnodes))
     workload = _workload(root, base_dir or Path.cwd())
     failures = _failures(root)
+    pools = _pools(root)
     slo = SloSpec()
     st = root.table("slo")
     if st is not None:
@@ -651,6 +727,7 @@ def fleet_config_from_mapping(
             failures=failures,
             slo=slo,
             conversation_ids=conversation_ids,
+            pools=pools,
         )
     )
 

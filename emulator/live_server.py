@@ -1,5 +1,9 @@
 """Live endpoints of an emulated fleet: each replica's `/metrics` and each host's DCGM page.
 
+A replica serves its page in its engine's shape (emulator/engine_pages.py): vLLM's, SGLang's,
+TensorRT-LLM's (at trtllm-serve's own `/prometheus/metrics`, and at `/metrics` too), TGI's or
+llama.cpp's; the target's URL names the engine's own path.
+
 Every target is its own HTTP server on 127.0.0.1 (never another address), on the port the
 configuration gives it or on a free one chosen at start. A crashed replica's server closes its
 socket, so scrapes fail as they would against a dead process, and reopens on the same port
@@ -25,8 +29,10 @@ from prometheus_client.exposition import generate_latest, gzip_accepted
 
 from servewatch.emulator.dcgm_metrics import PAGE_CONTENT_TYPE as DCGM_CONTENT_TYPE
 from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from servewatch.emulator.engine_pages import METRICS_PATH, PAGE_SHAPES, EnginePagesObserver
 from servewatch.emulator.fixture_writer import Simulation, TargetKind, fleet_targets, state_list
 from servewatch.emulator.records import (
+    EngineKind,
     EngineSteps,
     FinishedRequest,
     ReplicaEvent,
@@ -38,7 +44,6 @@ from servewatch.emulator.vllm_metrics import PAGE_CONTENT_TYPE as VLLM_CONTENT_T
 from servewatch.emulator.vllm_metrics import EngineSettings, VllmMetricsObserver
 
 LOOPBACK = "127.0.0.1"
-METRICS_PATH = "/metrics"
 _POLL_INTERVAL_S = 0.05  # how quickly a stopped server lets go of its socket
 
 Render = Callable[[], bytes | None]
@@ -49,11 +54,12 @@ class LiveTarget:
     """One served endpoint and the labels a scraper should attach to it."""
 
     kind: TargetKind
-    name: str  # replica (vLLM) or host (DCGM)
+    name: str  # replica (engine targets) or host (DCGM)
     host: str
     zone: str
     port: int
     namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
+    path: str = METRICS_PATH  # where the page is (the engine's own path)
 
     @property
     def target_id(self) -> str:
@@ -65,16 +71,16 @@ class LiveTarget:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}{METRICS_PATH}"
+        return f"http://{self.address}{self.path}"
 
     @property
     def labels(self) -> dict[str, str]:
         labels = {"host": self.host, "zone": self.zone}
-        if self.kind is TargetKind.VLLM and self.namespace is not None:
+        if self.kind is not TargetKind.DCGM and self.namespace is not None:
             # As a Kubernetes service discovery relabels a pod: pod and namespace, which
             # servewatch reads as the replica `<namespace>/<pod>`.
             labels = {"pod": self.name, "namespace": self.namespace, **labels}
-        elif self.kind is TargetKind.VLLM:
+        elif self.kind is not TargetKind.DCGM:
             labels = {"replica": self.name, **labels}
         return labels
 
@@ -83,8 +89,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _PageHTTPServer
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != METRICS_PATH:
-            self.send_error(404, f"only {METRICS_PATH} is served")
+        if self.path.split("?", 1)[0] not in self.server.paths:
+            self.send_error(404, f"only {' and '.join(self.server.paths)} are served")
             return
         page = self.server.render()
         if page is None:
@@ -109,19 +115,29 @@ class _Handler(BaseHTTPRequestHandler):
 class _PageHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, render: Render, content_type: str) -> None:
+    def __init__(
+        self, port: int, render: Render, content_type: str, paths: tuple[str, ...]
+    ) -> None:
         self.render = render
         self.content_type = content_type
+        self.paths = paths
         super().__init__((LOOPBACK, port), _Handler)
 
 
 class _Endpoint:
     """One target's server: started, stopped and restarted on the same port."""
 
-    def __init__(self, port: int, render: Render, content_type: str) -> None:
+    def __init__(
+        self,
+        port: int,
+        render: Render,
+        content_type: str,
+        paths: tuple[str, ...] = (METRICS_PATH,),
+    ) -> None:
         self.port = port
         self._render = render
         self._content_type = content_type
+        self._paths = paths
         self._server: _PageHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -133,7 +149,7 @@ class _Endpoint:
         if self._server is not None:
             return
         try:
-            server = _PageHTTPServer(self.port, self._render, self._content_type)
+            server = _PageHTTPServer(self.port, self._render, self._content_type, self._paths)
         except OSError as exc:
             raise OSError(
                 exc.errno, f"cannot listen on {LOOPBACK}:{self.port} for an emulated target: {exc}"
@@ -162,7 +178,8 @@ class _Endpoint:
 class LiveFleetServer:
     """Serves a fleet's pages over HTTP and keeps them current; a fleet observer itself.
 
-    `ports` maps target ids (`vllm/<replica>`, `dcgm/<host>`) to fixed ports; others get free
+    `ports` maps target ids (`vllm/<replica>`, `sglang/<replica>`, ..., `dcgm/<host>`) to
+    fixed ports; others get free
     ports at `start`. Call `update` with the simulation's states after every advance; it also
     opens and closes endpoints as replicas and hosts go up and down. Finished requests are
     passed on to `spans` when given (live-mode OTLP export).
@@ -180,7 +197,15 @@ class LiveFleetServer:
     ) -> None:
         placement_list = list(placements)
         self.engine = engine or EngineSettings()
-        self.vllm = VllmMetricsObserver(placement_list, started_s=started_s, settings=self.engine)
+        self.vllm = VllmMetricsObserver(
+            [p for p in placement_list if p.engine is EngineKind.VLLM],
+            started_s=started_s,
+            settings=self.engine,
+        )
+        others = [p for p in placement_list if p.engine is not EngineKind.VLLM]
+        self.engines = EnginePagesObserver(others, started_s=started_s, settings=self.engine)
+        self._engine_replicas = frozenset(p.replica for p in others)
+        self._paths: dict[str, str] = {}
         self.dcgm = DcgmObserver(
             placement_list,
             started_s=started_s,
@@ -200,14 +225,21 @@ class LiveFleetServer:
         self._lock = threading.Lock()
         self._endpoints: dict[str, _Endpoint] = {}
         for target in self._targets:
+            paths: tuple[str, ...] = (METRICS_PATH,)
             if target.kind is TargetKind.VLLM:
                 render = self._vllm_renderer(target.name)
                 content_type = VLLM_CONTENT_TYPE
-            else:
+            elif target.kind is TargetKind.DCGM:
                 render = self._dcgm_renderer(target.name)
                 content_type = DCGM_CONTENT_TYPE
+            else:
+                render = self._engine_renderer(target.name)
+                shape = PAGE_SHAPES[target.engine or EngineKind.VLLM]
+                content_type = shape.content_type
+                paths = tuple(dict.fromkeys((shape.path, METRICS_PATH)))
+            self._paths[target.target_id] = paths[0]
             self._endpoints[target.target_id] = _Endpoint(
-                fixed.get(target.target_id, 0), render, content_type
+                fixed.get(target.target_id, 0), render, content_type, paths
             )
         self._started = False
 
@@ -224,6 +256,9 @@ class LiveFleetServer:
     def _dcgm_renderer(self, host: str) -> Render:
         return lambda: self.dcgm.page(host)
 
+    def _engine_renderer(self, replica: str) -> Render:
+        return lambda: self.engines.page(replica)
+
     @property
     def targets(self) -> list[LiveTarget]:
         """Every target with its port (ports of never-started targets are 0)."""
@@ -235,16 +270,20 @@ class LiveFleetServer:
                 zone=t.zone,
                 port=self._endpoints[t.target_id].port,
                 namespace=t.namespace,
+                path=self._paths[t.target_id],
             )
             for t in self._targets
         ]
 
     def file_sd(self) -> list[dict[str, Any]]:
         """The targets as a Prometheus file_sd list, one group per target."""
-        return [
-            {"targets": [t.address], "labels": {"job": t.kind.value, **t.labels}}
-            for t in self.targets
-        ]
+        out: list[dict[str, Any]] = []
+        for t in self.targets:
+            labels = {"job": t.kind.value, **t.labels}
+            if t.path != METRICS_PATH:
+                labels["__metrics_path__"] = t.path
+            out.append({"targets": [t.address], "labels": labels})
+        return out
 
     def serving(self, target_id: str) -> bool:
         return self._endpoints[target_id].serving
@@ -275,8 +314,10 @@ class LiveFleetServer:
             endpoint = self._endpoints[target.target_id]
             if target.kind is TargetKind.VLLM:
                 up = self.vllm.is_up(target.name)
-            else:
+            elif target.kind is TargetKind.DCGM:
                 up = self.dcgm.is_up(target.name)
+            else:
+                up = self.engines.is_up(target.name)
             if up:
                 endpoint.start()
             else:
@@ -286,21 +327,31 @@ class LiveFleetServer:
         """The simulation's snapshot at `now_s`: gauges, GPU readings, endpoints up or down."""
         snapshot = list(states)
         self.vllm.set_states(snapshot)
+        self.engines.set_states(snapshot)
         self.dcgm.sample(now_s, snapshot)
         with self._lock:
             self._reconcile()
 
     # FleetObserver
     def request_finished(self, record: FinishedRequest) -> None:
-        self.vllm.request_finished(record)
+        if record.replica in self._engine_replicas:
+            self.engines.request_finished(record)
+        else:
+            self.vllm.request_finished(record)
         if self.spans is not None:
             self.spans.request_finished(record)
 
     def engine_steps(self, record: EngineSteps) -> None:
-        self.vllm.engine_steps(record)
+        if record.replica in self._engine_replicas:
+            self.engines.engine_steps(record)
+        else:
+            self.vllm.engine_steps(record)
 
     def replica_event(self, event: ReplicaEvent) -> None:
-        self.vllm.replica_event(event)
+        if event.replica in self._engine_replicas:
+            self.engines.replica_event(event)
+        else:
+            self.vllm.replica_event(event)
         self.dcgm.replica_event(event)
         if self.spans is not None:
             self.spans.replica_event(event)

@@ -97,6 +97,21 @@ class ReplicaEvent:
     model: str | None = None
 
 
+class EngineKind(Enum):
+    """The inference server a replica runs, which decides the shape of its metrics page.
+
+    TRTLLM is trtllm-serve's own page (`trtllm_` prefix); TRTLLM_DYNAMO the early NVIDIA
+    Dynamo worker page, which re-exported TensorRT-LLM's first five families as `trtllm:`.
+    """
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    TRTLLM_DYNAMO = "trtllm_dynamo"
+    TGI = "tgi"
+    LLAMACPP = "llamacpp"
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaPlacement:
     replica: str
@@ -111,6 +126,7 @@ class ReplicaPlacement:
     # The replica is a Kubernetes pod named as the replica in this namespace: its DCGM GPUs
     # carry pod, namespace and container labels, as dcgm-exporter's Kubernetes mapping writes.
     namespace: str | None = None
+    engine: EngineKind = EngineKind.VLLM
 
 
 @dataclass(frozen=True, slots=True)
