@@ -100,6 +100,7 @@ def metric_slo_minutes(
             good=pl.col("good").fill_null(0.0).round().cast(pl.Int64),
             total=pl.col("total").round().cast(pl.Int64),
             tenant=pl.lit(None, dtype=pl.String),
+            adapter=pl.lit(None, dtype=pl.String),
         )
         .filter((pl.col("minute_ts") >= start) & (pl.col("minute_ts") < end))
         .select(SLO_MINUTES_SCHEMA.names())

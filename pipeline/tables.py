@@ -41,6 +41,9 @@ REQUESTS_SCHEMA = pl.Schema(
         "ingested_ts": TIMESTAMP,
         # The conversation (session, thread) a gateway or client named; null when none did.
         "conversation_id": pl.String(),
+        # The LoRA adapter the request used (a gateway's attribute, or its model name when that
+        # is not the base model); null for requests to the base model.
+        "adapter": pl.String(),
     }
 )
 
@@ -142,6 +145,7 @@ SLO_MINUTES_SCHEMA = pl.Schema(
         "pool": pl.String(),
         "model": pl.String(),
         "tenant": pl.String(),
+        "adapter": pl.String(),
     }
 )
 

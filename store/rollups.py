@@ -195,13 +195,13 @@ class MinuteRollups(StoreBase):
                     goods.append(f"count(*) FILTER (WHERE {condition}) AS good_{index}")
                 per_slo = " UNION ALL ".join(
                     f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
-                    "pool, model, tenant FROM grouped"
+                    "pool, model, tenant, adapter FROM grouped"
                     for index in range(len(criteria))
                 )
                 sql = f"""
                     WITH grouped AS (
                         SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
-                               tenant, count(*) AS total, {", ".join(goods)}
+                               tenant, adapter, count(*) AS total, {", ".join(goods)}
                         FROM requests{where}
                         GROUP BY ALL
                     )
