@@ -1,0 +1,71 @@
+"""The LoRA adapter dimension: spans ingested against a scraped target whose model is the base
+model become requests of an adapter when they name another model; `sli --by adapter` groups by
+it and an SLO scope selects one adapter."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from servewatch.cli import app
+from servewatch.collectors.scrape.targets import targets_frame
+from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
+from servewatch.store import Store
+from tests.test_otlp_grpc_receiver import BASE_MODEL, TARGET, vllm_spans
+
+SEEN = datetime(2026, 11, 18, 11, 0)
+AT = "2026-11-18T12:00:00Z"
+SLOS = f"""
+version: servewatch/v1
+slos:
+  - name: sql-adapter-availability
+    sli: {{kind: availability, source: traces}}
+    objective_ratio: 0.99
+    period: 7d
+    scope: {{adapter: sql-lora}}
+  - name: base-availability
+    sli: {{kind: availability, source: traces}}
+    objective_ratio: 0.99
+    period: 7d
+    scope: {{model: {BASE_MODEL}}}
+"""
+
+
+def test_sli_by_adapter_and_an_slo_scoped_to_an_adapter(tmp_path: Path, runner: CliRunner) -> None:
+    db = tmp_path / "fleet.duckdb"
+    with Store.open(db) as store:
+        store.write_targets(targets_frame([(TARGET, SEEN, SEEN)]))
+    # vLLM names a LoRA request's model by the adapter it was served under.
+    spans = [
+        *vllm_spans(3),
+        *vllm_spans(2, extra={"gen_ai.response.model": "sql-lora"}),
+        *vllm_spans(1, extra={"gen_ai.response.model": "chat-lora"}),
+    ]
+    # Distinct trace ids per batch: each vllm_spans call makes its own provider's ids.
+    files = []
+    for index, batch in enumerate((spans[:3], spans[3:5], spans[5:])):
+        path = tmp_path / f"spans-{index}.jsonl"
+        path.write_text(spans_to_otlp_json(batch) + "\n", encoding="utf-8")
+        files.append(str(path))
+    ingested = runner.invoke(app, ["--db", str(db), "ingest", "traces", *files, "--json"])
+    assert ingested.exit_code == 0, ingested.output
+    assert json.loads(ingested.stdout)["new_requests"] == 6
+
+    result = runner.invoke(app, ["--db", str(db), "sli", "--by", "adapter", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["by"] == "adapter"
+    counts = {group["adapter"]: group["requests"] for group in report["groups"]}
+    assert counts == {None: 3, "sql-lora": 2, "chat-lora": 1}
+
+    slos = tmp_path / "slos.yaml"
+    slos.write_text(SLOS, encoding="utf-8")
+    status = runner.invoke(
+        app, ["--db", str(db), "slo", "status", "--slo", str(slos), "--at", AT, "--json"]
+    )
+    assert status.exit_code == 0, status.output
+    totals = {s["slo"]: s["total"] for s in json.loads(status.stdout)["slos"]}
+    assert totals == {"sql-adapter-availability": 2, "base-availability": 3}
