@@ -22,7 +22,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typer.testing import CliRunner
 
+from servewatch.cli import app
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.traces.grpc_receiver import METHOD, SERVICE, OtlpGrpcReceiver
@@ -262,7 +264,7 @@ def test_uncommitted_spans_are_answered_unavailable() -> None:
             receiver.stop()
 
 
-def test_a_grpc_port_in_use_is_named(tmp_path: Path) -> None:
+def test_a_grpc_port_in_use_is_named(tmp_path: Path, runner: CliRunner) -> None:
     with grpc_receiver() as (receiver, _writer, _store):
         taken = receiver.port
         with pytest.raises(
@@ -280,6 +282,11 @@ def test_a_grpc_port_in_use_is_named(tmp_path: Path) -> None:
         # The store the failed start opened is closed again: another can open it.
         with Store.open(tmp_path / "s.duckdb"):
             pass
+        result = runner.invoke(app, ["run", "--config", str(config)])
+        assert result.exit_code == 1
+        assert f"cannot start: cannot listen for OTLP/gRPC on 127.0.0.1:{taken}" in " ".join(
+            result.stderr.split()
+        )
 
 
 def test_servewatch_run_receives_grpc_and_matches_its_configured_target(tmp_path: Path) -> None:
