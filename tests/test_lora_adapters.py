@@ -5,6 +5,7 @@ it and an SLO scope selects one adapter."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -69,3 +70,30 @@ def test_sli_by_adapter_and_an_slo_scoped_to_an_adapter(tmp_path: Path, runner: 
     assert status.exit_code == 0, status.output
     totals = {s["slo"]: s["total"] for s in json.loads(status.stdout)["slos"]}
     assert totals == {"sql-adapter-availability": 2, "base-availability": 3}
+
+
+def test_ingest_traces_takes_the_default_model_from_the_config(
+    tmp_path: Path, runner: CliRunner
+) -> None:
+    config = tmp_path / "servewatch.toml"
+    config.write_text(f'[otlp.mapping]\ndefault_model = "{BASE_MODEL}"\n', encoding="utf-8")
+    spans = tmp_path / "spans.jsonl"
+    lines = [
+        spans_to_otlp_json(vllm_spans(2, pod="unlisted-pod")),
+        spans_to_otlp_json(
+            vllm_spans(1, pod="unlisted-pod", extra={"gen_ai.response.model": "sql-lora"})
+        ),
+    ]
+    spans.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    db = tmp_path / "fleet.duckdb"
+    for extra in ([], ["--config", str(config)]):
+        path = db.with_suffix(f".{len(extra)}.duckdb")
+        result = runner.invoke(app, ["--db", str(path), "ingest", "traces", str(spans), *extra])
+        assert result.exit_code == 0, result.output
+        with Store.open(path, read_only=True) as store:
+            rows = store.read_requests().collect()
+        got = Counter(rows.select("model", "adapter").rows())
+        if extra:
+            assert got == Counter({(BASE_MODEL, None): 2, ("sql-lora", "sql-lora"): 1})
+        else:  # no base model known: the span's model, and no adapter told apart
+            assert got == Counter({(None, None): 2, ("sql-lora", None): 1})
