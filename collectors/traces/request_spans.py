@@ -98,13 +98,6 @@ class SpanMapping:
             self.adapter_keys,
         )
 
-    def lookup(self, span: Span, keys: Sequence[str]) -> str | None:
-        for source in (span.attributes, span.resource):
-            found = _first(source, keys)
-            if found is not None:
-                return found
-        return None
-
 
 # The request's dimensions, and the conversation it belongs to, found the same way.
 DIMENSIONS = (
@@ -404,7 +397,7 @@ class RequestRows:
         win over the resource's. A replica the span names is matched to its target again, and
         the adapter follows the span's model unless an attribute names it."""
         dims = list(resource.row)
-        target, base_model = resource.target, resource.base_model
+        base_model = resource.base_model
         named: set[int] = set()
         for index, keys in self._span_dimension_lookups(present):
             found = _first(attrs, keys)
