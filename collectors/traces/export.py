@@ -54,13 +54,15 @@ class ReceiverConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     bearer_token: str | None = None
     mapping: SpanMapping = field(default_factory=SpanMapping)
-    # Each read of a request (line, headers, a piece of the body, the next request of a kept
-    # connection) waits this long; a silent client then loses its connection.
+    # HTTP: each read of a request (line, headers, a piece of the body, the next request of a
+    # kept connection) waits this long; a silent client then loses its connection.
     read_timeout_s: float = 15.0
-    # Connections served at once, each on its own thread; more are answered 503 at once.
-    # Memory is bounded by about three bodies (raw, inflated, decoded) per connection.
+    # HTTP connections served at once, each on its own thread, more answered 503 at once; gRPC
+    # exports handled at once, more answered RESOURCE_EXHAUSTED. Memory is bounded by about
+    # three bodies (raw, inflated, decoded) per connection or export.
     max_connections: int = 64
-    # How long an export waits for its spans to be committed before it is answered 503.
+    # How long an export waits for its spans to be committed before it is answered 503
+    # (gRPC: UNAVAILABLE).
     commit_timeout_s: float = 10.0
     # The OTLP/gRPC listener beside the HTTP one (vLLM's default protocol); same rules.
     grpc_enabled: bool = True
