@@ -39,11 +39,12 @@ def test_sli_by_adapter_and_an_slo_scoped_to_an_adapter(tmp_path: Path, runner: 
     db = tmp_path / "fleet.duckdb"
     with Store.open(db) as store:
         store.write_targets(targets_frame([(TARGET, SEEN, SEEN)]))
-    # vLLM names a LoRA request's model by the adapter it was served under.
+    # A LoRA request names its adapter as its model; something in front of vLLM puts that on
+    # the span (vLLM's own span names no model).
     spans = [
         *vllm_spans(3),
-        *vllm_spans(2, extra={"gen_ai.response.model": "sql-lora"}),
-        *vllm_spans(1, extra={"gen_ai.response.model": "chat-lora"}),
+        *vllm_spans(2, extra={"gen_ai.request.model": "sql-lora"}),
+        *vllm_spans(1, extra={"gen_ai.request.model": "chat-lora"}),
     ]
     # Distinct trace ids per batch: each vllm_spans call makes its own provider's ids.
     files = []
@@ -81,7 +82,7 @@ def test_ingest_traces_takes_the_default_model_from_the_config(
     lines = [
         spans_to_otlp_json(vllm_spans(2, pod="unlisted-pod")),
         spans_to_otlp_json(
-            vllm_spans(1, pod="unlisted-pod", extra={"gen_ai.response.model": "sql-lora"})
+            vllm_spans(1, pod="unlisted-pod", extra={"gen_ai.request.model": "sql-lora"})
         ),
     ]
     spans.write_text("\n".join(lines) + "\n", encoding="utf-8")

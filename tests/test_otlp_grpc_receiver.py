@@ -162,7 +162,7 @@ def test_a_model_other_than_the_base_is_the_requests_adapter() -> None:
     with grpc_receiver() as (receiver, writer, _store):
         sdk = exporter(receiver.port)
         try:
-            spans = vllm_spans(2, extra={"gen_ai.response.model": "sql-lora"})
+            spans = vllm_spans(2, extra={"gen_ai.request.model": "sql-lora"})
             assert sdk.export(spans) is SpanExportResult.SUCCESS
         finally:
             sdk.shutdown()

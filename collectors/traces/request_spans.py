@@ -8,9 +8,11 @@ scrape target a resource's spans belong to are decided by `span_identity`; what 
 its resource leave out (host, zone, pool, model) comes from that target's labels, and the model
 last from the configured `default_model` (vLLM's V1 request spans name no model).
 
-A request's adapter is the span's or resource's adapter attribute if a gateway sets one (vLLM
-sets none), else its model when that differs from the base model (the matched target's model,
-else `default_model`): vLLM serves each LoRA adapter under its own model name.
+A request's adapter is the span's or resource's adapter attribute if one is set (vLLM sets
+none), else its model when that differs from the base model (the matched target's model, else
+`default_model`): a request for a LoRA adapter names the adapter as its model, so a span whose
+`gen_ai.request.model` something in front of vLLM filled (a gateway, a Collector's attributes
+processor) tells the adapter apart.
 
 A span is refused (`SpanMappingError`, that span only) unless it makes a row the store and the
 SLIs can hold: latencies finite and non-negative, TTFT not after the end (e2e), counts within
@@ -74,7 +76,9 @@ class SpanMapping:
     # replica by its host and process id.
     replica_per_process: bool = False
     zone_keys: tuple[str, ...] = ("servewatch.zone", "cloud.availability_zone")
-    model_keys: tuple[str, ...] = ("gen_ai.response.model", "gen_ai.request.model")
+    # What the request asked for (a LoRA request names its adapter), then what answered. vLLM's
+    # V1 span sets neither; V0 set gen_ai.response.model to the model's path.
+    model_keys: tuple[str, ...] = ("gen_ai.request.model", "gen_ai.response.model")
     pool_keys: tuple[str, ...] = ("servewatch.pool",)
     tenant_keys: tuple[str, ...] = ("servewatch.tenant", "tenant.id", "gen_ai.user.id")
     # The OpenTelemetry GenAI name, then the general session id a gateway may set instead.
