@@ -325,3 +325,22 @@ def test_the_exporter_reads_the_token_from_the_environment(monkeypatch: pytest.M
         finally:
             sdk.shutdown()
         assert stored(writer).height == 1
+
+
+def test_exports_beyond_the_bound_are_refused_at_once() -> None:
+    gate = threading.Event()
+    with grpc_receiver(max_connections=1) as (receiver, writer, _store):
+        writer.submit_task(lambda s: gate.wait())  # the one export in progress waits
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.port}") as channel:
+            call = channel.unary_unary(f"/{SERVICE}/{METHOD}")
+            metadata = [("authorization", f"Bearer {TOKEN}")]
+            first = call.future(protobuf_body(vllm_spans(1)), metadata=metadata, timeout=20)
+            try:
+                with pytest.raises(grpc.FutureTimeoutError):
+                    first.result(timeout=0.5)
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(protobuf_body(vllm_spans(1)), metadata=metadata, timeout=5)
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            finally:
+                gate.set()
+            assert first.result(timeout=20) == b""

@@ -72,9 +72,6 @@ class TargetDirectory:
             for row in engines.iter_rows(named=True)
         )
 
-    def __len__(self) -> int:
-        return len(self.by_replica) + sum(map(len, self.by_host.values()))
-
 
 @dataclass(frozen=True, slots=True)
 class SpanIdentity:
