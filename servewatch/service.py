@@ -210,15 +210,18 @@ class Service:
         # Replaced whole by the targets job; the receivers' threads read whichever is current.
         self.target_directory = TargetDirectory.from_targets(config.targets)
         sink = CountingSink(self.writer, self.metrics)
-        self.receiver = OtlpHttpReceiver(config.otlp, sink, targets=self._targets)
+        try:
+            self.receiver = OtlpHttpReceiver(config.otlp, sink, targets=self._targets)
+        except OSError:
+            self._close_store()
+            raise
         self.grpc_receiver: OtlpGrpcReceiver | None = None
         if config.otlp.grpc_enabled:
             try:
                 self.grpc_receiver = OtlpGrpcReceiver(config.otlp, sink, targets=self._targets)
             except OSError:
                 self.receiver.stop()
-                self.writer.close()
-                self.store.close()
+                self._close_store()
                 raise
         self.resolver = TargetResolver()
         self.pages = PageBatcher(
@@ -237,6 +240,11 @@ class Service:
 
     def _targets(self) -> TargetDirectory:
         return self.target_directory
+
+    def _close_store(self) -> None:
+        """A listener could not bind: nothing started, and the store is left for others."""
+        self.writer.close()
+        self.store.close()
 
     def _ingested(self, report: MetricIngestReport) -> None:
         self.metrics.samples.inc(report.stored_samples)
