@@ -316,15 +316,18 @@ def test_servewatch_run_receives_grpc_and_matches_its_configured_target(tmp_path
 
 
 def test_the_exporter_reads_the_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What docs/traces.md tells vLLM's operators to set."""
+    """The variables docs/traces.md tells vLLM's operators to set, with the exporter made as
+    vLLM makes it (`OTLPSpanExporter(endpoint=...)`)."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", f"authorization=Bearer%20{TOKEN}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
     with grpc_receiver() as (receiver, writer, _store):
-        sdk = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.port}", insecure=True)
-        try:
-            assert sdk.export(vllm_spans(1)) is SpanExportResult.SUCCESS
-        finally:
-            sdk.shutdown()
-        assert stored(writer).height == 1
+        for endpoint in (f"http://127.0.0.1:{receiver.port}", f"127.0.0.1:{receiver.port}"):
+            sdk = OTLPSpanExporter(endpoint=endpoint)
+            try:
+                assert sdk.export(vllm_spans(1)) is SpanExportResult.SUCCESS
+            finally:
+                sdk.shutdown()
+        assert stored(writer).height == 2
 
 
 def test_exports_beyond_the_bound_are_refused_at_once() -> None:
