@@ -12,10 +12,12 @@ from servewatch.collectors.scrape.loop import ScrapeLoop
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.service_api import fetch_window
 from servewatch.collectors.store_writer import StoreWriter
+from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
 from servewatch.collectors.traces.ingest import ingest_trace_files
 from servewatch.collectors.traces.receiver import OtlpHttpReceiver
 
 __all__ = [
+    "OtlpGrpcReceiver",
     "OtlpHttpReceiver",
     "ScrapeLoop",
     "StoreWriter",

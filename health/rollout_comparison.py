@@ -87,11 +87,11 @@ class MetricComparison:
 
 def version_column_of_requests(requests: pl.LazyFrame, *, version_label: str) -> pl.LazyFrame:
     """Requests with a `version` column: the label's own column, which traced requests carry
-    for `model`, `replica`, `host`, `zone`, `pool` and `tenant`."""
+    for `model`, `replica`, `host`, `zone`, `pool`, `tenant` and `adapter`."""
     if version_label not in requests.collect_schema().names():
         raise VersionLabelError(
             f"version label {version_label!r} is not a column of traced requests; "
-            f"allowed: {sorted(DIMENSIONS)} or tenant"
+            f"allowed: {sorted(DIMENSIONS)}, tenant or adapter"
         )
     return requests.with_columns(version=pl.col(version_label).cast(pl.String))
 

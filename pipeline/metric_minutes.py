@@ -103,6 +103,7 @@ def metric_slo_minutes(
             # vLLM's counters do not say whose tokens met a latency limit.
             good_output_tokens=pl.lit(None, dtype=pl.Int64),
             output_tokens=pl.lit(None, dtype=pl.Int64),
+            adapter=pl.lit(None, dtype=pl.String),
         )
         .filter((pl.col("minute_ts") >= start) & (pl.col("minute_ts") < end))
         .select(SLO_MINUTES_SCHEMA.names())

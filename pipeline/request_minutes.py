@@ -20,7 +20,7 @@ import polars as pl
 from servewatch.pipeline.request_sli import with_tpot
 from servewatch.pipeline.tables import SLO_MINUTES_SCHEMA
 
-SLO_DIMENSIONS = ("replica", "pool", "model", "tenant")
+SLO_DIMENSIONS = ("replica", "pool", "model", "tenant", "adapter")
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ def request_minutes(requests: pl.LazyFrame) -> pl.LazyFrame:
 
 def slo_minutes(requests: pl.LazyFrame, *, criteria: Sequence[EventCriterion]) -> pl.LazyFrame:
     """Good and total events per SLO, minute and request dimensions (replica, pool, model,
-    tenant, so SLO scopes can select on them): the input of budgets and burn rates. Beside
-    the request counts, the output tokens of the good requests and of all requests (a
+    tenant, adapter, so SLO scopes can select on them): the input of budgets and burn rates.
+    Beside the request counts, the output tokens of the good requests and of all requests (a
     request without a token count adds none): the events of token goodput SLOs."""
     if not criteria:
         return pl.LazyFrame(schema=SLO_MINUTES_SCHEMA)

@@ -68,7 +68,21 @@ class Grouping(Enum):
     REPLICA = "replica"
     POOL = "pool"
     MODEL = "model"
+    ADAPTER = "adapter"
     FLEET = "fleet"
+
+    @property
+    def metric_scope(self) -> Scope:
+        """The grouping of scraped series: vLLM's latency and engine series carry no LoRA
+        adapter, so by adapter they are shown for the fleet only."""
+        return _METRIC_SCOPES.get(self, Scope.FLEET)
+
+
+_METRIC_SCOPES = {
+    Grouping.REPLICA: Scope.REPLICA,
+    Grouping.POOL: Scope.POOL,
+    Grouping.MODEL: Scope.MODEL,
+}
 
 
 class SliSource(Enum):
@@ -341,7 +355,8 @@ def histogram_section(
     PromQL evaluates them at `to` with the range `to - from`: histogram quantiles of TTFT,
     ITL, TPOT and e2e, counter increases, gauge means and maxima, GPU signals; per group and
     for the fleet, and with `step` per consecutive window (aligned to from_ts, or to the first
-    point rounded down to the step). None when no point was scraped in the window."""
+    point rounded down to the step). By adapter, only the fleet's rows (series name no adapter).
+    None when no point was scraped in the window."""
     from_ts, to_ts, span = window.from_ts, window.to_ts, window.stored_points
     if span is None:
         return None
@@ -351,7 +366,7 @@ def histogram_section(
     # Range selectors include both edges; points_between excludes its upper bound.
     points = window.points_between(start, end + timedelta(microseconds=1))
     dimensions = window.dimensions()
-    scope = Scope(by.value)
+    scope = by.metric_scope
     column = None if scope is Scope.FLEET else scope.value
     window_s = (end - start).total_seconds()
     # Each plan is (wide rows, finish reasons), named by (scope, whole window or steps).

@@ -41,6 +41,9 @@ REQUESTS_SCHEMA = pl.Schema(
         "ingested_ts": TIMESTAMP,
         # The conversation (session, thread) a gateway or client named; null when none did.
         "conversation_id": pl.String(),
+        # The LoRA adapter the request used (a gateway's attribute, or its model name when that
+        # is not the base model); null for requests to the base model.
+        "adapter": pl.String(),
     }
 )
 
@@ -147,6 +150,7 @@ SLO_MINUTES_SCHEMA = pl.Schema(
         # events of token goodput SLOs. Null on rows counted from metrics, which cannot tell.
         "good_output_tokens": pl.Int64(),
         "output_tokens": pl.Int64(),
+        "adapter": pl.String(),
     }
 )
 

@@ -80,13 +80,14 @@ def _relative(base: Path | None, value: str) -> Path:
     return path if path.is_absolute() or base is None else base.parent / path
 
 
-def _listen(section: _Section, default: ReceiverConfig) -> tuple[str, int]:
-    text = section.text("listen")
+def _listen(section: _Section, key: str, default: tuple[str, int]) -> tuple[str, int]:
+    text = section.text(key)
     if text is None:
-        return default.host, default.port
+        return default
     host, _, port_text = text.rpartition(":")
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise section.fail("listen", f"must be HOST:PORT such as 127.0.0.1:4318, got {text!r}")
+        example = f"127.0.0.1:{default[1]}"
+        raise section.fail(key, f"must be HOST:PORT such as {example}, got {text!r}")
     return host, int(port_text)
 
 
@@ -188,19 +189,30 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
 
     otlp_section = root.table("otlp")
     defaults = ReceiverConfig()
-    host, port = _listen(otlp_section, defaults)
+    host, port = _listen(otlp_section, "listen", (defaults.host, defaults.port))
+    grpc_host, grpc_port = _listen(
+        otlp_section, "grpc_listen", (defaults.grpc_host, defaults.grpc_port)
+    )
     mapping_section = otlp_section.table("mapping")
     mapping_defaults = SpanMapping()
     mapping = SpanMapping(
         span_name=mapping_section.text("span_name") or mapping_defaults.span_name,
         replica_keys=mapping_section.strings("replica_keys") or mapping_defaults.replica_keys,
         host_keys=mapping_section.strings("host_keys") or mapping_defaults.host_keys,
+        process_keys=mapping_section.strings("process_keys") or mapping_defaults.process_keys,
+        fallback_replica_keys=mapping_section.strings("fallback_replica_keys")
+        or mapping_defaults.fallback_replica_keys,
+        replica_per_process=mapping_section.flag(
+            "replica_per_process", default=mapping_defaults.replica_per_process
+        ),
         zone_keys=mapping_section.strings("zone_keys") or mapping_defaults.zone_keys,
         model_keys=mapping_section.strings("model_keys") or mapping_defaults.model_keys,
         pool_keys=mapping_section.strings("pool_keys") or mapping_defaults.pool_keys,
         tenant_keys=mapping_section.strings("tenant_keys") or mapping_defaults.tenant_keys,
         conversation_keys=mapping_section.strings("conversation_keys")
         or mapping_defaults.conversation_keys,
+        adapter_keys=mapping_section.strings("adapter_keys") or mapping_defaults.adapter_keys,
+        default_model=mapping_section.text("default_model") or mapping_defaults.default_model,
     )
     mapping_section.done()
     otlp = ReceiverConfig(
@@ -220,6 +232,9 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         commit_timeout_s=otlp_section.positive_number(
             "commit_timeout_s", default=defaults.commit_timeout_s
         ),
+        grpc_enabled=otlp_section.flag("grpc", default=defaults.grpc_enabled),
+        grpc_host=grpc_host,
+        grpc_port=grpc_port,
     )
     otlp_section.done()
 

@@ -327,7 +327,8 @@ def _live_phase(
         config_path = out / "live-servewatch.toml"
         config_path.write_text(
             f'[store]\npath = "{db.name}"\n[scrape]\ninterval_s = {LIVE_INTERVAL_S}\n'
-            f'timeout_s = 1\n[otlp]\nlisten = "127.0.0.1:0"\n{targets}',
+            f'timeout_s = 1\n[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n'
+            f"{targets}",
             encoding="utf-8",
         )
         # Every listener binds port 0 and is asked for its port afterwards: a port probed

@@ -1,7 +1,8 @@
 """`servewatch record`: live scrapes and received spans recorded as a replayable fixture folder.
 
 For the given minutes the configured targets are scraped on a fixed grid (every
-`scrape.interval_s` from the start) and the OTLP receiver listens on the configured address;
+`scrape.interval_s` from the start) and the OTLP receivers (HTTP, and gRPC unless turned off)
+listen on the configured addresses;
 every page and every accepted export goes to the folder (`collectors.fixture.recording`).
 Nothing is written to the store: a recording is the raw input, and `servewatch replay DIR`
 turns it into tables whenever wanted (twice gives the same tables), without holding the store
@@ -27,6 +28,7 @@ from servewatch.collectors.fixture.recording import FixtureRecording
 from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_targets
 from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.store_writer import TraceCommit
+from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
 from servewatch.collectors.traces.ingest import Reject
 from servewatch.collectors.traces.receiver import PROTOBUF, ExportOutcome, OtlpHttpReceiver
 from servewatch.config import Config, ScrapeSettings
@@ -57,6 +59,29 @@ class _Discard:
 
     def submit(self, rows: pl.DataFrame, rejects: list[Reject]) -> TraceCommit:
         return TraceCommit.committed()
+
+
+def _receivers(
+    config: Config, keep: Callable[[ExportOutcome], None]
+) -> list[OtlpHttpReceiver | OtlpGrpcReceiver]:
+    """The OTLP listeners of `servewatch run`'s configuration, bound, keeping what they accept."""
+    otlp = config.otlp
+    try:
+        http = OtlpHttpReceiver(otlp, _Discard(), on_accepted=keep)
+    except OSError as exc:
+        raise RecordingError(f"cannot listen for OTLP on {otlp.host}:{otlp.port}: {exc}") from exc
+    if not otlp.grpc_enabled:
+        return [http]
+    try:
+        return [http, OtlpGrpcReceiver(otlp, _Discard(), on_accepted=keep)]
+    except OSError as exc:
+        http.stop()
+        raise RecordingError(str(exc)) from exc
+
+
+def _stop_all(receivers: Sequence[OtlpHttpReceiver | OtlpGrpcReceiver]) -> None:
+    for receiver in receivers:
+        receiver.stop()
 
 
 async def _fetch(targets: Sequence[Target], settings: ScrapeSettings) -> list[ScrapeResult]:
@@ -112,19 +137,16 @@ def record(
         except (ValueError, OSError) as exc:
             export_errors.append(str(exc))
 
-    try:
-        receiver = OtlpHttpReceiver(config.otlp, _Discard(), on_accepted=keep)
-    except OSError as exc:
-        where = f"{config.otlp.host}:{config.otlp.port}"
-        raise RecordingError(f"cannot listen for OTLP on {where}: {exc}") from exc
+    receivers = _receivers(config, keep)
     try:
         recording = FixtureRecording(
             out, targets, start_ms=start_ms, scrape_interval_ms=interval_ms
         )
     except BaseException:
-        receiver.stop()  # only bound so far: this closes the socket
+        _stop_all(receivers)  # only bound so far: this closes the sockets
         raise
-    receiver.start()
+    for receiver in receivers:
+        receiver.start()
     try:
         k = 0
         while k < total:
@@ -153,7 +175,7 @@ def record(
             # Spans of the last moments are still on their way: wait out the rest of the time.
             stop.wait(max(0.0, start_ms / 1000 + minutes * 60 - clock()))
     finally:
-        receiver.stop()
+        _stop_all(receivers)
         manifest = recording.close(stopped_ms=round(clock() * 1000), description=description)
     if export_errors:
         manifest["export_errors"] = export_errors[:20]

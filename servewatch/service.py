@@ -6,9 +6,10 @@ delaying no other; pages reach the store in batches. APScheduler 3 runs the othe
 (every 30 s: file_sd re-read, the scrape loop's targets and schedules brought up to date), SLO
 evaluation with notification (every minute), configuration reload (every 30 s; an invalid file
 is logged and counted and the last good configuration keeps the data path running), retention
-(hourly). Every store access goes through the single writer thread. The OTLP receiver runs on
-its own thread. The service's own metrics (scrape lag and skipped slots among them) and
-`/healthz` are served on 127.0.0.1.
+(hourly). Every store access goes through the single writer thread. The OTLP receivers (HTTP,
+and gRPC unless `[otlp] grpc = false`) run on their own threads and match spans to the targets
+the targets job last resolved. The service's own metrics (scrape lag and skipped slots among
+them) and `/healthz` are served on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
 from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.service_api import WINDOW_PATH
 from servewatch.collectors.store_writer import NotCommittedError, StoreWriter, TraceCommit
+from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
 from servewatch.collectors.traces.ingest import Reject
 from servewatch.collectors.traces.receiver import OtlpHttpReceiver
+from servewatch.collectors.traces.span_identity import TargetDirectory
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.dashboards.export import write_report
 from servewatch.health_service import evaluate_findings
@@ -204,7 +207,22 @@ class Service:
         self.metrics = SelfMetrics()
         self.store = Store.open(store_path or config.store_path)
         self.writer = StoreWriter(self.store, on_error=self._writer_error)
-        self.receiver = OtlpHttpReceiver(config.otlp, CountingSink(self.writer, self.metrics))
+        # Replaced whole by the targets job; the receivers' threads read whichever is current.
+        self.target_directory = TargetDirectory.from_targets(config.targets)
+        sink = CountingSink(self.writer, self.metrics)
+        try:
+            self.receiver = OtlpHttpReceiver(config.otlp, sink, targets=self._targets)
+        except OSError:
+            self._close_store()
+            raise
+        self.grpc_receiver: OtlpGrpcReceiver | None = None
+        if config.otlp.grpc_enabled:
+            try:
+                self.grpc_receiver = OtlpGrpcReceiver(config.otlp, sink, targets=self._targets)
+            except OSError:
+                self.receiver.stop()
+                self._close_store()
+                raise
         self.resolver = TargetResolver()
         self.pages = PageBatcher(
             self.writer,
@@ -220,6 +238,14 @@ class Service:
         self.scheduler = BackgroundScheduler(job_defaults=JOB_DEFAULTS, timezone="UTC")
         self.http_client = httpx.Client(timeout=10)
         self._health_server: ThreadingHTTPServer | None = None
+
+    def _targets(self) -> TargetDirectory:
+        return self.target_directory
+
+    def _close_store(self) -> None:
+        """A listener could not bind: nothing started, and the store is left for others."""
+        self.writer.close()
+        self.store.close()
 
     def _ingested(self, report: MetricIngestReport) -> None:
         self.metrics.samples.inc(report.stored_samples)
@@ -255,6 +281,7 @@ class Service:
             log.warning("targets: %s", problem)
         self.target_health.failing_after = self.state.config.scrape.failing_after
         self.target_health.keep(targets)
+        self.target_directory = TargetDirectory.from_targets(targets)
         self.scrape_loop.set_targets(scheduled_targets(targets, self.state.config.scrape))
         self.metrics.scrape_targets.set(self.scrape_loop.target_count)
 
@@ -340,6 +367,8 @@ class Service:
 
     def start(self, *, health_port: int = 9464) -> None:
         self.receiver.start()
+        if self.grpc_receiver is not None:
+            self.grpc_receiver.start()
         self.scrape_loop.start()
         self.sync_targets()
         first = datetime.now().astimezone()
@@ -392,6 +421,8 @@ class Service:
         self.scrape_loop.stop()
         self.pages.close()
         self.receiver.stop()
+        if self.grpc_receiver is not None:
+            self.grpc_receiver.stop()
         if self._health_server is not None:
             if self.store.path != IN_MEMORY:
                 remove_holder(self.store.path, pid=os.getpid())

@@ -1,10 +1,11 @@
 """Burn rates from minute counts: exact window sums, at one instant or at every minute.
 
 Input is the pipeline's per-minute event counts: `minute_ts` (start of the minute, naive UTC),
-`slo`, `good`, `total`, and optional scope columns (`replica`, `pool`, `model`, `tenant`) that
-a spec's scope selects on. A window is the sum of its whole minutes, so its error ratio is
-sum(bad) / sum(total): traffic-weighted, never a mean of per-minute ratios. Token goodput
-SLOs count output tokens instead (`good_output_tokens`, `output_tokens`), in the same sums.
+`slo`, `good`, `total`, and optional scope columns (`replica`, `pool`, `model`, `tenant`,
+`adapter`) that a spec's scope selects on. A window is the sum of its whole minutes, so its
+error ratio is sum(bad) / sum(total): traffic-weighted, never a mean of per-minute ratios.
+Token goodput SLOs count output tokens instead (`good_output_tokens`, `output_tokens`), in the
+same sums.
 
 An evaluation at instant `at` sees the window [at - W, at) of minutes that have ended; inside a
 minute, `at` is floored to the minute (an evaluation at 12:03:40 counts minutes up to 12:02).

@@ -18,7 +18,7 @@ from servewatch.slo.windows import BurnWindow
 DAY_S = 86400
 PERIODS_S: tuple[int, ...] = (7 * DAY_S, 28 * DAY_S, 30 * DAY_S)
 # Columns of the per-minute counts a scope may select on (the request dimensions).
-SCOPE_KEYS: tuple[str, ...] = ("pool", "model", "tenant", "replica")
+SCOPE_KEYS: tuple[str, ...] = ("pool", "model", "tenant", "adapter", "replica")
 # vLLM's histogram of each per-request latency an SLO can bound.
 HISTOGRAM_SIGNALS = {
     LatencyMetric.TTFT: Signal.TTFT_S,

@@ -396,4 +396,19 @@ MIGRATIONS += (
 )
 
 
+MIGRATIONS += (
+    Migration(
+        version=12,
+        description="requests.adapter and slo_minutes.adapter: the LoRA adapter a request "
+        "used, so SLIs and SLO scopes can select by it",
+        statements=(
+            "ALTER TABLE requests ADD COLUMN adapter VARCHAR",
+            # Every stored request has no adapter yet, so the stored minutes stay right as
+            # they are (null adapter); no recomputation is needed.
+            "ALTER TABLE slo_minutes ADD COLUMN adapter VARCHAR",
+        ),
+    ),
+)
+
+
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -206,13 +206,13 @@ class MinuteRollups(StoreBase):
                 per_slo = " UNION ALL ".join(
                     f"SELECT minute_ts, ?::VARCHAR AS slo, replica, good_{index} AS good, total, "
                     f"pool, model, tenant, good_tokens_{index} AS good_output_tokens, "
-                    "output_tokens FROM grouped"
+                    "output_tokens, adapter FROM grouped"
                     for index in range(len(criteria))
                 )
                 sql = f"""
                     WITH grouped AS (
                         SELECT date_trunc('minute', end_ts) AS minute_ts, replica, pool, model,
-                               tenant, count(*) AS total,
+                               tenant, adapter, count(*) AS total,
                                coalesce(sum(completion_tokens), 0) AS output_tokens,
                                {", ".join(goods)}
                         FROM requests{where}

@@ -66,6 +66,40 @@ def test_empty_config_gives_defaults() -> None:
     assert config.scrape.interval_s == 15
     assert config.targets == ()
     assert config.otlp.host == "127.0.0.1"
+    # gRPC beside HTTP, on loopback at OTLP's port: vLLM exports over gRPC by default.
+    assert (config.otlp.grpc_enabled, config.otlp.grpc_host, config.otlp.grpc_port) == (
+        True,
+        "127.0.0.1",
+        4317,
+    )
+    assert "service.instance.id" not in config.otlp.mapping.replica_keys
+
+
+def test_grpc_and_identity_settings_are_read() -> None:
+    config = parse_config(
+        {
+            "otlp": {
+                "grpc": False,
+                "grpc_listen": "127.0.0.1:14317",
+                "mapping": {
+                    "replica_keys": ["k8s.pod.name"],
+                    "process_keys": ["process.pid"],
+                    "fallback_replica_keys": ["service.instance.id"],
+                    "replica_per_process": True,
+                    "adapter_keys": ["lora.adapter"],
+                    "default_model": "meta-llama/Llama-3.1-8B-Instruct",
+                },
+            }
+        },
+        source=None,
+    )
+    otlp, mapping = config.otlp, config.otlp.mapping
+    assert (otlp.grpc_enabled, otlp.grpc_host, otlp.grpc_port) == (False, "127.0.0.1", 14317)
+    assert mapping.process_keys == ("process.pid",)
+    assert mapping.fallback_replica_keys == ("service.instance.id",)
+    assert mapping.replica_per_process
+    assert mapping.adapter_keys == ("lora.adapter",)
+    assert mapping.default_model == "meta-llama/Llama-3.1-8B-Instruct"
 
 
 @pytest.mark.parametrize(
@@ -86,6 +120,15 @@ def test_empty_config_gives_defaults() -> None:
             "targets[0].colour: unknown",
         ),
         ({"otlp": {"listen": "4318"}}, "otlp.listen: must be HOST:PORT"),
+        (
+            {"otlp": {"grpc_listen": ":4317"}},
+            "otlp.grpc_listen: must be HOST:PORT such as 127.0.0.1:4317",
+        ),
+        ({"otlp": {"grpc": "yes"}}, "otlp.grpc: must be"),
+        (
+            {"otlp": {"mapping": {"replica_per_process": 1}}},
+            "otlp.mapping.replica_per_process: must be",
+        ),
         (
             {"otlp": {"mapping": {"replica_keys": "pod"}}},
             "otlp.mapping.replica_keys: must be a list",

@@ -316,7 +316,10 @@ def test_the_service_evaluation_job_raises_finding_tickets(
     db = tmp_path / "service.duckdb"
     shutil.copyfile(host_loss_db, db)
     config = tmp_path / "servewatch.toml"
-    config.write_text(f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\n', encoding="utf-8")
+    config.write_text(
+        f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n',
+        encoding="utf-8",
+    )
     service = Service(config)
     try:
         # No SLO files: the job still evaluates findings.

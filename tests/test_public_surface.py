@@ -60,6 +60,7 @@ SURFACES: dict[str, list[str]] = {
         "default_detectors",
     ],
     "servewatch.collectors": [
+        "OtlpGrpcReceiver",
         "OtlpHttpReceiver",
         "ScrapeLoop",
         "StoreWriter",

@@ -59,6 +59,7 @@ def live_fleet_config(tmp_path: Path) -> Iterator[Path]:
         "timeout_s = 1.0",
         "[otlp]",
         f'listen = "127.0.0.1:{port}"',
+        'grpc_listen = "127.0.0.1:0"',
     ]
     for target in server.targets:
         lines += ["[[targets]]", f'url = "{target.url}"', f'kind = "{target.kind.value}"']
@@ -155,7 +156,10 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, runner: CliRunner) -> None:
 @pytest.mark.parametrize("kind", ["file", "non-empty folder", "unwritable"])
 def test_unusable_out_is_a_clear_error(tmp_path: Path, runner: CliRunner, kind: str) -> None:
     config = tmp_path / "servewatch.toml"
-    config.write_text(f'[otlp]\nlisten = "127.0.0.1:{free_port()}"\n', encoding="utf-8")
+    config.write_text(
+        f'[otlp]\nlisten = "127.0.0.1:{free_port()}"\ngrpc_listen = "127.0.0.1:0"\n',
+        encoding="utf-8",
+    )
     out = tmp_path / "out"
     if kind == "file":
         out.write_text("x")

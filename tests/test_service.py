@@ -91,6 +91,7 @@ url = "{endpoint}"
 replica = "vllm-0"
 [otlp]
 listen = "127.0.0.1:{otlp_port}"
+grpc_listen = "127.0.0.1:0"
 """,
         encoding="utf-8",
     )
@@ -152,7 +153,10 @@ def test_reading_commands_answer_while_run_holds_the_store(
     assert alone.exit_code == 0, alone.output
     health_port = free_port()
     config = tmp_path / "servewatch.toml"
-    config.write_text(f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\n', encoding="utf-8")
+    config.write_text(
+        f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n',
+        encoding="utf-8",
+    )
     process = start_run(config, health_port=health_port)
     try:
         api = f"http://127.0.0.1:{health_port}"
@@ -183,7 +187,7 @@ def service_config(tmp_path: Path, *, interval_s: float = 15) -> Path:
     config = tmp_path / "servewatch.toml"
     config.write_text(
         f'[store]\npath = "{tmp_path / "s.duckdb"}"\n[scrape]\ninterval_s = {interval_s}\n'
-        '[otlp]\nlisten = "127.0.0.1:0"\n',
+        '[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n',
         encoding="utf-8",
     )
     return config
@@ -276,7 +280,7 @@ def dead_targets_config(tmp_path: Path, *, count: int, failing_after: int) -> Pa
     config.write_text(
         f'[store]\npath = "{tmp_path / "s.duckdb"}"\n'
         f"[scrape]\ninterval_s = 1\ntimeout_s = 1\nfailing_after = {failing_after}\n"
-        f'[otlp]\nlisten = "127.0.0.1:0"\n{targets}',
+        f'[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n{targets}',
         encoding="utf-8",
     )
     return config

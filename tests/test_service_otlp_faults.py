@@ -33,7 +33,8 @@ def running_service(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int
     port, db = free_port(), tmp_path / "fleet.duckdb"
     config = tmp_path / "servewatch.toml"
     config.write_text(
-        f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:{port}"\nbearer_token = "{TOKEN}"\n',
+        f'[store]\npath = "{db}"\n[otlp]\nlisten = "127.0.0.1:{port}"\n'
+        f'grpc_listen = "127.0.0.1:0"\nbearer_token = "{TOKEN}"\n',
         encoding="utf-8",
     )
     process = subprocess.Popen(

@@ -330,3 +330,29 @@ def test_traces_only_leaves_histograms_out(scraped: Path) -> None:
     with Store.open(scraped) as store:
         report = build_sli_report(store.read_window(), limits=LIMITS, source=SliSource.TRACES)
     assert "histograms" not in report
+
+
+def test_by_adapter_the_histograms_show_the_fleet_only(scraped: Path) -> None:
+    """Scraped series name no LoRA adapter: the section's rows are the fleet's alone."""
+    runner = CliRunner()
+    base = ["--db", str(scraped), "sli", "--source", "histograms", "--json"]
+    by_adapter = runner.invoke(app, [*base, "--by", "adapter"])
+    fleet = runner.invoke(app, [*base, "--by", "fleet"])
+    assert by_adapter.exit_code == fleet.exit_code == 0, by_adapter.output
+    adapter_doc, fleet_doc = json.loads(by_adapter.stdout), json.loads(fleet.stdout)
+    assert adapter_doc["by"] == "adapter"
+    assert adapter_doc["histograms"]["groups"] == []
+    # The same figures (sums in parallel may differ in the last bits from run to run).
+    got, want = dict(flat(adapter_doc["histograms"])), dict(flat(fleet_doc["histograms"]))
+    assert got.keys() == want.keys()
+    for path, value in want.items():
+        expected = pytest.approx(value, rel=1e-9) if isinstance(value, float) else value
+        assert got[path] == expected, path
+
+
+def flat(doc: object, path: str = "") -> list[tuple[str, object]]:
+    if isinstance(doc, dict):
+        return [item for key, value in doc.items() for item in flat(value, f"{path}.{key}")]
+    if isinstance(doc, list):
+        return [item for i, value in enumerate(doc) for item in flat(value, f"{path}[{i}]")]
+    return [(path, doc)]

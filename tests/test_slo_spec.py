@@ -135,7 +135,7 @@ BAD_SPECS = [
     (with_change("slos.0.period", "a month"), "slos[0].period: 'a month' is not a duration"),
     (
         with_change("slos.0.scope", {"zone": "a"}),
-        "slos[0].scope.zone: unknown field; allowed here: model, pool, replica, tenant",
+        "slos[0].scope.zone: unknown field; allowed here: adapter, model, pool, replica, tenant",
     ),
     (with_change("slos.0.scope", {"pool": None}), "slos[0].scope.pool: needs a value"),
     (with_change("slos.0.min_events", 0), "min_events: must be a whole number >= 1, got 0"),

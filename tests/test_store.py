@@ -59,6 +59,7 @@ def request_rows(n: int, *, offset: int = 0) -> pl.DataFrame:
             "source": ["test"] * n,
             "ingested_ts": [None] * n,
             "conversation_id": [f"conv-{(i + offset) // 3}" for i in range(n)],
+            "adapter": [None] * n,
         },
         schema=REQUESTS_SCHEMA,
     )

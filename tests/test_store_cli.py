@@ -163,7 +163,9 @@ def test_run_refuses_a_damaged_store(tmp_path: Path, damage: str) -> None:
     db = tmp_path / "fleet.duckdb"
     DAMAGE[damage](db)
     config = tmp_path / "servewatch.toml"
-    config.write_text('[otlp]\nlisten = "127.0.0.1:0"\n', encoding="utf-8")
+    config.write_text(
+        '[otlp]\nlisten = "127.0.0.1:0"\ngrpc_listen = "127.0.0.1:0"\n', encoding="utf-8"
+    )
     with pytest.raises(StoreError, match="damaged"):
         Service(config, store_path=db)
 

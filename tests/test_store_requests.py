@@ -128,8 +128,9 @@ def test_migration_8_keeps_the_rows_in_order_and_drops_the_key(tmp_path: Path) -
     _store_at_version_7(path)
     rows = spans(50).with_columns(ingested_ts=pl.lit(T0, dtype=pl.Datetime("us")))
     con = duckdb.connect(str(path))
-    # Version 7 predates migration 9's conversation_id, which later stores hold null for them.
-    con.register("incoming", rows.drop("conversation_id").to_arrow())
+    # Version 7 predates migration 9's conversation_id and 10's adapter, which later stores hold
+    # null for them.
+    con.register("incoming", rows.drop("conversation_id", "adapter").to_arrow())
     con.execute("INSERT INTO requests SELECT * FROM incoming")
     key = "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'requests' AND "
     assert con.execute(key + "constraint_type = 'PRIMARY KEY'").fetchall() == [(1,)]

@@ -17,6 +17,7 @@ import polars as pl
 
 from servewatch.collectors.traces.otlp_json import read_trace_file
 from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.collectors.traces.span_identity import TargetDirectory
 from servewatch.pipeline.tables import INGEST_ERRORS_SCHEMA
 from servewatch.store import Store
 
@@ -65,13 +66,17 @@ def ingest_trace_files(
     *,
     store: Store,
     mapping: SpanMapping | None = None,
+    targets: TargetDirectory | None = None,
     now: datetime | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> IngestReport:
-    """Read every file, write new requests and rejects to `store`, and report counts."""
+    """Read every file, write new requests and rejects to `store`, and report counts. Spans are
+    matched to `targets` (default: the targets the store has scraped)."""
     report = IngestReport()
     recorded_ts = (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None)
-    rows = RequestRows(mapping=mapping or SpanMapping())
+    if targets is None:
+        targets = TargetDirectory.from_frame(store.read_targets().collect())
+    rows = RequestRows(mapping=mapping or SpanMapping(), targets=targets)
     for path in paths:
         source = str(path)
         try:
@@ -95,7 +100,7 @@ def ingest_trace_files(
                         report.rejects.append(Reject(source, location, str(exc)))
                 if len(rows) >= WRITE_BATCH_ROWS:
                     report.new_requests += store.write_requests(rows.to_frame())
-                    rows = RequestRows(mapping=rows.mapping)
+                    rows = RequestRows(mapping=rows.mapping, targets=targets)
                 if on_progress is not None:
                     on_progress(chunk.size_bytes)
         except (OSError, gzip.BadGzipFile, EOFError) as exc:

@@ -1,9 +1,18 @@
 """vLLM request spans: the `llm_request` span's attributes mapped onto rows of `requests`.
 
 vLLM emits one SERVER span per finished request, attributes in seconds and tokens. Where a
-replica, host, zone, pool or tenant is found depends on the deployment (resource attributes
-from OTEL_RESOURCE_ATTRIBUTES, or span attributes set by a gateway), so `SpanMapping` names
-the keys to try, span attributes first, then resource attributes.
+replica, host, zone, pool, tenant or LoRA adapter is found depends on the deployment (resource
+attributes from OTEL_RESOURCE_ATTRIBUTES, or span attributes set by a gateway), so `SpanMapping`
+names the keys to try, span attributes first, then resource attributes. The replica and the
+scrape target a resource's spans belong to are decided by `span_identity`; what the span and
+its resource leave out (host, zone, pool, model) comes from that target's labels, and the model
+last from the configured `default_model` (vLLM's V1 request spans name no model).
+
+A request's adapter is the span's or resource's adapter attribute if one is set (vLLM sets
+none), else its model when that differs from the base model (the matched target's model, else
+`default_model`): a request for a LoRA adapter names the adapter as its model, so a span whose
+`gen_ai.request.model` something in front of vLLM filled (a gateway, a Collector's attributes
+processor) tells the adapter apart.
 
 A span is refused (`SpanMappingError`, that span only) unless it makes a row the store and the
 SLIs can hold: latencies finite and non-negative, TTFT not after the end (e2e), counts within
@@ -21,6 +30,11 @@ from typing import cast
 import polars as pl
 
 from servewatch.collectors.traces.otlp_json import STATUS_ERROR, AttrValue, Span
+from servewatch.collectors.traces.span_identity import (
+    TargetDirectory,
+    TargetLabels,
+    resolve_replica,
+)
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
 EMULATED_ATTRIBUTE = "servewatch.emulated"
@@ -50,20 +64,29 @@ class SpanMapping:
     """Where each request dimension is found: keys tried in order, span then resource."""
 
     span_name: str = "llm_request"
-    replica_keys: tuple[str, ...] = (
-        "servewatch.replica",
-        "service.instance.id",
-        "k8s.pod.name",
-        "host.name",
-        "service.name",
-    )
+    # Keys that name a replica outright. Not `service.instance.id` unless a deployment sets it
+    # itself: the OpenTelemetry SDK fills it with a new random UUID in every process.
+    replica_keys: tuple[str, ...] = ("servewatch.replica", "k8s.pod.name")
     host_keys: tuple[str, ...] = ("servewatch.host", "host.name", "k8s.node.name")
+    # The engine process on its host: vLLM's own resource attribute, then the SDK's.
+    process_keys: tuple[str, ...] = ("vllm.process_id", "process.pid")
+    # Tried for the replica when a resource names neither a replica nor a host.
+    fallback_replica_keys: tuple[str, ...] = ()
+    # Several engine processes share each host and no target tells them apart: name each
+    # replica by its host and process id.
+    replica_per_process: bool = False
     zone_keys: tuple[str, ...] = ("servewatch.zone", "cloud.availability_zone")
-    model_keys: tuple[str, ...] = ("gen_ai.response.model", "gen_ai.request.model")
+    # What the request asked for (a LoRA request names its adapter), then what answered. vLLM's
+    # V1 span sets neither; V0 set gen_ai.response.model to the model's path.
+    model_keys: tuple[str, ...] = ("gen_ai.request.model", "gen_ai.response.model")
     pool_keys: tuple[str, ...] = ("servewatch.pool",)
     tenant_keys: tuple[str, ...] = ("servewatch.tenant", "tenant.id", "gen_ai.user.id")
     # The OpenTelemetry GenAI name, then the general session id a gateway may set instead.
     conversation_keys: tuple[str, ...] = ("gen_ai.conversation.id", "session.id")
+    # A gateway's name for the LoRA adapter; vLLM's spans carry none (see the module text).
+    adapter_keys: tuple[str, ...] = ("servewatch.adapter",)
+    # The model of requests whose span, resource and target name none.
+    default_model: str | None = None
 
     @property
     def dimension_keys(self) -> tuple[tuple[str, ...], ...]:
@@ -76,18 +99,23 @@ class SpanMapping:
             self.pool_keys,
             self.tenant_keys,
             self.conversation_keys,
+            self.adapter_keys,
         )
-
-    def lookup(self, span: Span, keys: Sequence[str]) -> str | None:
-        for source in (span.attributes, span.resource):
-            found = _first(source, keys)
-            if found is not None:
-                return found
-        return None
 
 
 # The request's dimensions, and the conversation it belongs to, found the same way.
-DIMENSIONS = ("replica", "host", "zone", "model", "pool", "tenant", "conversation_id")
+DIMENSIONS = (
+    "replica",
+    "host",
+    "zone",
+    "model",
+    "pool",
+    "tenant",
+    "conversation_id",
+    "adapter",
+)
+_REPLICA, _HOST, _ZONE, _MODEL, _POOL = range(5)
+_ADAPTER = DIMENSIONS.index("adapter")
 
 
 def _first(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> str | None:
@@ -95,6 +123,15 @@ def _first(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> str | None:
         value = attrs.get(key)
         if value is not None and value != "":
             return str(value)
+    return None
+
+
+def _adapter(named: str | None, model: str | None, base_model: str | None) -> str | None:
+    """The adapter an attribute names, else the model when it is not the base model."""
+    if named is not None:
+        return named
+    if base_model is not None and model is not None and model != base_model:
+        return model
     return None
 
 
@@ -172,14 +209,27 @@ REQUEST_ID_KEY = "gen_ai.request.id"
 ERROR_TYPE_KEY = "error.type"
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceDimensions:
+    """What one resource gives each of its request spans: `row`, the dimensions (DIMENSIONS
+    order) and the emulated flag; and what a span's own attributes are resolved against."""
+
+    row: tuple[object, ...]
+    target: TargetLabels | None
+    base_model: str | None  # the model an adapter is told apart from
+    adapter: str | None  # named by an attribute, not derived from the model
+
+
 @dataclass
 class RequestRows:
-    """Accumulates request rows as tuples (cheap for millions of spans), framed at the end."""
+    """Accumulates request rows as tuples (cheap for millions of spans), framed at the end.
+    `targets` are the engine scrape targets spans are matched to (see `span_identity`)."""
 
     mapping: SpanMapping = field(default_factory=SpanMapping)
+    targets: TargetDirectory = field(default_factory=TargetDirectory)
     rows: list[tuple[object, ...]] = field(default_factory=list)
     # Resource-level dimensions are the same for every span of one resource: look them up once.
-    _resource_cache: dict[int, tuple[Mapping[str, AttrValue], tuple[object, ...]]] = field(
+    _resource_cache: dict[int, tuple[Mapping[str, AttrValue], ResourceDimensions]] = field(
         default_factory=dict
     )
 
@@ -209,17 +259,48 @@ class RequestRows:
         kinds[REQUEST_ID_KEY] = kinds[ERROR_TYPE_KEY] = "string_value"
         return kinds
 
-    def resource_dimensions(self, resource: Mapping[str, AttrValue]) -> tuple[object, ...]:
-        """The resource's dimensions (DIMENSIONS order) and its emulated flag, for `add_request`."""
+    def resource_dimensions(self, resource: Mapping[str, AttrValue]) -> ResourceDimensions:
+        """The resource's dimensions and the target its spans match, for `add_request`."""
         cached = self._resource_cache.get(id(resource))
         if cached is not None and cached[0] is resource:
             return cached[1]
-        dims = (
-            *(_first(resource, keys) for keys in self.mapping.dimension_keys),
-            bool(resource.get(EMULATED_ATTRIBUTE, False)),
+        mapping = self.mapping
+        dims: list[object] = [_first(resource, keys) for keys in mapping.dimension_keys]
+        named = dims[_REPLICA]
+        host = dims[_HOST]
+        if named is None and host is None:
+            named = _first(resource, mapping.fallback_replica_keys)
+        identity = resolve_replica(
+            named=cast("str | None", named),
+            host=cast("str | None", host),
+            process=_first(resource, mapping.process_keys),
+            model=cast("str | None", dims[_MODEL]),
+            per_process=mapping.replica_per_process,
+            directory=self.targets,
         )
-        self._resource_cache[id(resource)] = (resource, dims)
-        return dims
+        dims[_REPLICA] = identity.replica
+        target = identity.target
+        adapter = cast("str | None", dims[_ADAPTER])
+        base_model = mapping.default_model
+        if target is not None:
+            for index, label in (
+                (_HOST, target.host),
+                (_ZONE, target.zone),
+                (_MODEL, target.model),
+                (_POOL, target.pool),
+            ):
+                dims[index] = dims[index] or label
+            base_model = target.model or base_model
+        dims[_MODEL] = dims[_MODEL] or base_model
+        dims[_ADAPTER] = _adapter(adapter, cast("str | None", dims[_MODEL]), base_model)
+        found = ResourceDimensions(
+            row=(*dims, bool(resource.get(EMULATED_ATTRIBUTE, False))),
+            target=target,
+            base_model=base_model,
+            adapter=adapter,
+        )
+        self._resource_cache[id(resource)] = (resource, found)
+        return found
 
     def add(self, span: Span, *, source: str) -> None:
         """Append one request span; raises SpanMappingError (and adds nothing) if it is unusable."""
@@ -243,7 +324,7 @@ class RequestRows:
         end_ns: int,
         status_code: int,
         attrs: Mapping[str, AttrValue],
-        resource_dimensions: tuple[object, ...],
+        resource_dimensions: ResourceDimensions,
         source: str,
     ) -> None:
         """`add` of a request span given by its parts, `resource_dimensions` from
@@ -286,12 +367,9 @@ class RequestRows:
         ):
             max_tokens = _count(attrs, _MAX_TOKENS_KEYS)
         present = self._span_level_keys.intersection(attrs)
+        row = resource_dimensions.row
         if present:
-            # A gateway may set dimensions on the span itself; they win over the resource's.
-            dims = list(resource_dimensions)
-            for index, keys in self._span_dimension_lookups(present):
-                dims[index] = _first(attrs, keys) or dims[index]
-            resource_dimensions = tuple(dims)
+            row = self._span_dimensions(attrs, present, resource_dimensions)
         error_type = get(ERROR_TYPE_KEY)
         request_id = get(REQUEST_ID_KEY)
         self.rows.append(
@@ -299,7 +377,7 @@ class RequestRows:
                 trace_id,
                 span_id,
                 request_id if request_id is None or type(request_id) is str else str(request_id),
-                *resource_dimensions,  # the dimensions and conversation, then emulated
+                *row,  # the dimensions, conversation and adapter, then emulated
                 status_code != STATUS_ERROR and error_type is None,
                 None if error_type is None else str(error_type),
                 prompt_tokens,
@@ -312,6 +390,42 @@ class RequestRows:
                 None,  # ingested_ts: stamped by the store
             )
         )
+
+    def _span_dimensions(
+        self,
+        attrs: Mapping[str, AttrValue],
+        present: frozenset[str],
+        resource: ResourceDimensions,
+    ) -> tuple[object, ...]:
+        """The row's dimensions when the span carries some itself (a gateway sets them): they
+        win over the resource's. A replica the span names is matched to its target again, and
+        the adapter follows the span's model unless an attribute names it."""
+        dims = list(resource.row)
+        base_model = resource.base_model
+        named: set[int] = set()
+        for index, keys in self._span_dimension_lookups(present):
+            found = _first(attrs, keys)
+            if found is not None:
+                dims[index] = found
+                named.add(index)
+        if _REPLICA in named:
+            target = self.targets.by_replica.get(cast("str", dims[_REPLICA]))
+            if target is not None:
+                for index, label in (
+                    (_HOST, target.host),
+                    (_ZONE, target.zone),
+                    (_POOL, target.pool),
+                ):
+                    dims[index] = dims[index] or label
+                base_model = target.model or self.mapping.default_model
+                if _MODEL not in named and resource.row[_MODEL] == resource.base_model:
+                    dims[_MODEL] = base_model
+        if named & {_REPLICA, _MODEL, _ADAPTER}:
+            adapter = dims[_ADAPTER] if _ADAPTER in named else resource.adapter
+            dims[_ADAPTER] = _adapter(
+                cast("str | None", adapter), cast("str | None", dims[_MODEL]), base_model
+            )
+        return tuple(dims)
 
     def _span_dimension_lookups(
         self, present: frozenset[str]

@@ -38,6 +38,7 @@ from servewatch.collectors.metrics.exposition import page_text
 from servewatch.collectors.metrics.ingest import Page, ingest_pages
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.traces.ingest import IngestReport, ingest_trace_files, text_size
+from servewatch.collectors.traces.request_spans import SpanMapping
 from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
 from servewatch.recording import record as record_live
 from servewatch.render import (
@@ -52,7 +53,9 @@ from servewatch.store import (
 )
 
 
-def run_trace_ingest(store: Store, files: list[Path]) -> IngestReport:
+def run_trace_ingest(
+    store: Store, files: list[Path], *, mapping: SpanMapping | None = None
+) -> IngestReport:
     """Ingest with a progress bar on stderr (hidden when stderr is not a terminal)."""
     total = sum(text_size(f) for f in files)
     with Progress(
@@ -65,7 +68,7 @@ def run_trace_ingest(store: Store, files: list[Path]) -> IngestReport:
     ) as progress:
         task = progress.add_task("ingest", total=total)
         return ingest_trace_files(
-            files, store=store, on_progress=lambda n: progress.advance(task, n)
+            files, store=store, mapping=mapping, on_progress=lambda n: progress.advance(task, n)
         )
 
 
@@ -82,16 +85,25 @@ def ingest_traces(
             readable=True,
         ),
     ],
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="servewatch.toml whose [otlp.mapping] says where replica, model, ... are found.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Ingest vLLM `llm_request` spans from OTLP/JSON files into the `requests` table.
 
-    Re-ingesting a file changes nothing. Malformed lines and spans are reported with file and
-    line, recorded in `ingest_errors`, and the rest of the file is kept.
+    Spans are matched to the targets the store has scraped (docs/traces.md). Re-ingesting a
+    file changes nothing. Malformed lines and spans are reported with file and line, recorded
+    in `ingest_errors`, and the rest of the file is kept.
     """
     state = ctx.ensure_object(CliState)
+    mapping = None if config_path is None else load_config_or_fail(config_path).otlp.mapping
     with open_store(state, create=True) as store:
-        report = run_trace_ingest(store, files)
+        report = run_trace_ingest(store, files, mapping=mapping)
         roll_up_request_minutes(store)
     if as_json:
         print_json(ingest_json(report))

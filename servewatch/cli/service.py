@@ -54,12 +54,16 @@ def run(
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
         raise store_failure(exc) from exc
+    except OSError as exc:  # a listener cannot bind its address
+        raise fail(f"cannot start: {exc}") from exc
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    grpc = service.grpc_receiver
+    otlp = service.receiver.endpoint + (f" and gRPC {grpc.endpoint}" if grpc else "")
     err_console.print(
-        f"servewatch run: store {service.store.path}, OTLP {service.receiver.endpoint}, "
+        f"servewatch run: store {service.store.path}, OTLP {otlp}, "
         f"health http://127.0.0.1:{health_port}/healthz"
     )
     try:

@@ -47,7 +47,11 @@ def sli(
         float | None, typer.Option("--e2e-ms", help="Goodput limit on e2e latency (inclusive), ms.")
     ] = None,
     by: Annotated[
-        Grouping, typer.Option("--by", help="Group rows by replica, pool, model, or fleet only.")
+        Grouping,
+        typer.Option(
+            "--by",
+            help="Group rows by replica, pool, model, LoRA adapter (traces only), or fleet only.",
+        ),
     ] = Grouping.REPLICA,
     window: Annotated[
         str | None,
@@ -62,7 +66,7 @@ def sli(
     ] = SliSource.BOTH,
     as_json: JsonOption = False,
 ) -> None:
-    """SLIs from traces and from scraped histograms, per replica, pool, model or fleet.
+    """SLIs from traces and from scraped histograms, per replica, pool, model, adapter or fleet.
 
     Traces: TTFT, TPOT, e2e percentiles, attainment and goodput of requests selected by
     completion time; goodput counts requests that succeeded and met every given limit, per
