@@ -9,7 +9,8 @@ each); attributes, kind, status and times are the tracer path's (see emulator/re
 
 Each replica process is one OpenTelemetry resource: `service.name=vllm`, `vllm.process_id`
 (new after every restart), `host.name`, and the keys servewatch's ingest reads
-(`servewatch.replica`, `servewatch.zone`, `servewatch.pool`), plus `servewatch.emulated=true`.
+(`servewatch.replica`, or for a pod `k8s.pod.name` and `k8s.namespace.name`;
+`servewatch.zone`, `servewatch.pool`), plus `servewatch.emulated=true`.
 A tenant, when the workload has one, is a span attribute `servewatch.tenant`, as a gateway in
 front of vLLM would add; so is the conversation (`gen_ai.conversation.id`), when the fleet's
 gateway is set to name it (`conversation_ids`).
@@ -63,10 +64,17 @@ def replica_resource(placement: ReplicaPlacement, *, process_id: int) -> Resourc
     """The resource of one vLLM process of `placement`, marked as emulated."""
     # Resource(...) rather than Resource.create(...): the latter adds SDK and process details
     # of the emulator itself, which would make fixtures differ from run to run.
+    # A replica that is a Kubernetes pod says so as the downward API lets a pod say it; its
+    # scrape target names it `<namespace>/<pod>`.
+    identity: dict[str, str] = (
+        {"servewatch.replica": placement.replica}
+        if placement.namespace is None
+        else {"k8s.pod.name": placement.replica, "k8s.namespace.name": placement.namespace}
+    )
     return Resource(
         {
             "service.name": "vllm",
-            "servewatch.replica": placement.replica,
+            **identity,
             "host.name": placement.host,
             "servewatch.zone": placement.zone,
             "servewatch.pool": placement.pool,

@@ -200,6 +200,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         replica_keys=mapping_section.strings("replica_keys") or mapping_defaults.replica_keys,
         host_keys=mapping_section.strings("host_keys") or mapping_defaults.host_keys,
         process_keys=mapping_section.strings("process_keys") or mapping_defaults.process_keys,
+        namespace_keys=mapping_section.strings("namespace_keys") or mapping_defaults.namespace_keys,
         fallback_replica_keys=mapping_section.strings("fallback_replica_keys")
         or mapping_defaults.fallback_replica_keys,
         replica_per_process=mapping_section.flag(

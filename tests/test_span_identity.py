@@ -68,6 +68,42 @@ def test_resolve_replica(
     assert got == expected
 
 
+# Targets that speak for pods name their replica `<namespace>/<pod>` (targets.py).
+POD_IN_SERVING = TargetLabels(replica="serving/vllm-0", host="node-p", model=BASE)
+POD_IN_BATCH = TargetLabels(replica="batch/vllm-0", host="node-q", model=BASE)
+POD_ALONE = TargetLabels(replica="serving/vllm-1", host="node-p", model=BASE)
+PODS = TargetDirectory.of([POD_IN_SERVING, POD_IN_BATCH, POD_ALONE])
+
+
+@pytest.mark.parametrize(
+    ("named", "namespace", "expected"),
+    [
+        ("vllm-0", "serving", SpanIdentity("serving/vllm-0", POD_IN_SERVING)),
+        ("vllm-0", "batch", SpanIdentity("batch/vllm-0", POD_IN_BATCH)),
+        # the namespace names the pod even where no target speaks for it
+        ("vllm-9", "serving", SpanIdentity("serving/vllm-9")),
+        # without a namespace: the one pod target of that name, if there is one only
+        ("vllm-1", None, SpanIdentity("serving/vllm-1", POD_ALONE)),
+        ("vllm-0", None, SpanIdentity("vllm-0")),
+        # a target named as the pod itself wins
+        ("serving/vllm-0", "other", SpanIdentity("serving/vllm-0", POD_IN_SERVING)),
+    ],
+)
+def test_a_pod_name_matches_the_pod_target_of_its_namespace(
+    named: str, namespace: str | None, expected: SpanIdentity
+) -> None:
+    got = resolve_replica(
+        named=named,
+        namespace=namespace,
+        host="node-p",
+        process="7",
+        model=None,
+        per_process=False,
+        directory=PODS,
+    )
+    assert got == expected
+
+
 def test_directories_leave_gpu_exporters_out() -> None:
     targets = [
         Target("a", TargetKind.VLLM, "http://a/metrics", replica="r0", host="h"),

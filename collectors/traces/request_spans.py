@@ -72,6 +72,9 @@ class SpanMapping:
     process_keys: tuple[str, ...] = ("vllm.process_id", "process.pid")
     # Tried for the replica when a resource names neither a replica nor a host.
     fallback_replica_keys: tuple[str, ...] = ()
+    # The namespace of a pod the replica keys named: a pod target's replica is
+    # `<namespace>/<pod>`.
+    namespace_keys: tuple[str, ...] = ("k8s.namespace.name",)
     # Several engine processes share each host and no target tells them apart: name each
     # replica by its host and process id.
     replica_per_process: bool = False
@@ -272,6 +275,7 @@ class RequestRows:
             named = _first(resource, mapping.fallback_replica_keys)
         identity = resolve_replica(
             named=cast("str | None", named),
+            namespace=_first(resource, mapping.namespace_keys) if named is not None else None,
             host=cast("str | None", host),
             process=_first(resource, mapping.process_keys),
             model=cast("str | None", dims[_MODEL]),

@@ -84,6 +84,7 @@ class SpanIdentity:
 def resolve_replica(
     *,
     named: str | None,
+    namespace: str | None = None,
     host: str | None,
     process: str | None,
     model: str | None,
@@ -93,13 +94,16 @@ def resolve_replica(
     """The replica of a resource that names a replica outright (`named`: a pod name, or a
     configured attribute), or else runs on `host` as `process`, serving `model`.
 
-    A named replica is matched to the target of that replica. A host is matched to a target
+    A named replica is matched to the target of that replica. A pod name is matched as a
+    target speaking for a pod names its replica, `<namespace>/<pod>` (`targets.py`): with the
+    resource's `namespace`, or else the one pod target of that name in any namespace. A host is
+    matched to a target
     named after it, else to the one engine target on that host (several are told apart by
     their model when the resource names one). A host that several targets share and nothing
     tells apart, or every host when `per_process`, names its replica `host/process`.
     """
     if named is not None:
-        return SpanIdentity(named, directory.by_replica.get(named))
+        return _named(named, namespace, directory)
     if host is None:
         return SpanIdentity(None)
     target = directory.by_replica.get(host)
@@ -114,3 +118,16 @@ def resolve_replica(
     if process is not None and (per_process or len(on_host) > 1):
         return SpanIdentity(f"{host}/{process}")
     return SpanIdentity(host)
+
+
+def _named(named: str, namespace: str | None, directory: TargetDirectory) -> SpanIdentity:
+    target = directory.by_replica.get(named)
+    if target is not None:
+        return SpanIdentity(named, target)
+    if namespace is not None:
+        pod = f"{namespace}/{named}"
+        return SpanIdentity(pod, directory.by_replica.get(pod))
+    pods = [t for replica, t in directory.by_replica.items() if replica.endswith(f"/{named}")]
+    if len(pods) == 1 and pods[0].replica is not None:
+        return SpanIdentity(pods[0].replica, pods[0])
+    return SpanIdentity(named)
