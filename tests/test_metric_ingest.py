@@ -230,3 +230,57 @@ def test_blanked_and_clamped_values_are_the_same_in_a_later_batch(store: Store) 
     assert by_time[times[0]] == by_time[times[1]]
     assert sorted(v for _, _, v in by_time[times[0]] if v is not None) == [0.4, 1.0]
     assert [v for _, _, v in by_time[times[0]] if v is None] == [None]
+
+
+V085 = (
+    "# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of "
+    "queried blocks.\n"
+    "# TYPE vllm:gpu_prefix_cache_queries_total counter\n"
+    'vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 40\n'
+    "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached "
+    "blocks.\n"
+    "# TYPE vllm:gpu_prefix_cache_hits_total counter\n"
+    'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 10\n'
+)
+CACHE_CONFIG = (
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="9000"} 1\n'
+)
+
+
+def _prefix_values(store: Store) -> dict[str, float]:
+    joined = store.read_points().collect().join(store.read_series().collect(), on="series_id")
+    prefix = joined.filter(pl.col("metric").str.contains("prefix_cache"))
+    return dict(zip(prefix["metric"], prefix["value"], strict=True))
+
+
+@pytest.mark.parametrize(
+    ("page", "values", "noted"),
+    [
+        # vLLM <= 0.8.5 counted blocks: times the page's block size, in tokens
+        (
+            V085 + CACHE_CONFIG,
+            {"vllm:prefix_cache_queries_total": 640.0, "vllm:prefix_cache_hits_total": 160.0},
+            False,
+        ),
+        # no block size to convert with: kept as counted, and said so
+        (
+            V085,
+            {"vllm:prefix_cache_queries_total": 40.0, "vllm:prefix_cache_hits_total": 10.0},
+            True,
+        ),
+        # 0.9.0 counts tokens under the same names, and its help says so
+        (
+            V085.replace("blocks", "tokens") + CACHE_CONFIG,
+            {"vllm:prefix_cache_queries_total": 40.0, "vllm:prefix_cache_hits_total": 10.0},
+            False,
+        ),
+    ],
+)
+def test_block_counted_prefix_counters_are_converted_to_tokens(
+    store: Store, page: str, values: dict[str, float], noted: bool
+) -> None:
+    report = ingest_pages([Page(REPLICA, T0, page)], store=store)
+    assert _prefix_values(store) == values
+    assert any("count KV blocks" in r.message for r in report.line_errors) is noted
+    assert store.read_scrapes().collect()["ok"].to_list() == [True]

@@ -17,6 +17,7 @@ from datetime import datetime
 
 import polars as pl
 
+from servewatch.collectors.metrics.block_counts import BlockPages, block_pages, in_tokens
 from servewatch.collectors.metrics.catalogue import (
     Catalogue,
     CatalogueEntry,
@@ -213,6 +214,9 @@ def _prepare(
     samples = drop.kept(samples)
     report.dropped_samples += parsed_count - samples.height
     kinds = _page_kinds(pages, fetched, samples)
+    blocks = block_pages({i: parsed[i] for i in fetched if kinds[i].kind is TargetKind.VLLM})
+    samples = in_tokens(samples, blocks=blocks)
+    report.line_errors += _page_notes(pages, kinds, blocks)
     by_kind: dict[TargetKind | None, list[int]] = {}
     for index in fetched:
         by_kind.setdefault(kinds[index].kind, []).append(index)
@@ -221,11 +225,6 @@ def _prepare(
         own = samples if len(by_kind) == 1 else samples.filter(pl.col("page").is_in(indices))
         catalogue = _UNTOLD if kind is None else CATALOGUES[kind]
         catalogued.append(_catalogued(own, catalogue=catalogue))
-        for index in indices:
-            error = kinds[index].error
-            if error is not None:
-                where = f"scrape {pages[index].scrape_ts.isoformat()}Z"
-                report.line_errors.append(Reject(pages[index].target.target_id, where, error))
     for index, result in sorted(parsed.items()):
         page = pages[index]
         for line_error in result.errors:
@@ -291,6 +290,24 @@ def _prepare(
         orient="row",
     )
     return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds))
+
+
+UNCONVERTED_BLOCKS = (
+    "the prefix-cache counters count KV blocks (vLLM <= 0.8.5) and the page has no "
+    "cache_config_info block_size to convert them to tokens: stored as blocks"
+)
+
+
+def _page_notes(
+    pages: Sequence[Page], kinds: Mapping[int, PageKind], blocks: BlockPages
+) -> list[Reject]:
+    """What a page's kind or units left unsettled, for `ingest_errors`."""
+    notes = [(index, kind.error) for index, kind in kinds.items() if kind.error is not None]
+    notes += [(index, UNCONVERTED_BLOCKS) for index in blocks.unconverted()]
+    return [
+        Reject(pages[i].target.target_id, f"scrape {pages[i].scrape_ts.isoformat()}Z", note)
+        for i, note in sorted(notes)
+    ]
 
 
 def _scrape_row(
