@@ -32,7 +32,7 @@ def import_from_prometheus(
     *,
     store: Store,
     window: ImportWindow,
-    keep_uncatalogued: bool = False,
+    keep_uncatalogued: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client: httpx.Client | None = None,
 ) -> PrometheusImportReport:

@@ -53,7 +53,7 @@ from servewatch.collectors.metrics.catalogue import (
     catalogue_frame,
     labels_json,
 )
-from servewatch.collectors.metrics.page_kind import CATALOGUES
+from servewatch.collectors.metrics.page_kind import CATALOGUES, KIND_PREFIXES
 from servewatch.collectors.prometheus.api import (
     MAX_POINTS_PER_SERIES,
     AnswerProblem,
@@ -227,9 +227,10 @@ def series_labels(labels: Mapping[str, str]) -> str:
 
 
 def catalogue_kind(name: str) -> TargetKind | None:
-    """Which catalogue knows a sample name, if one does."""
+    """Which catalogue knows a sample name, if one does. A name without its kind's prefix
+    (TensorRT-LLM's first, unprefixed collector) is too generic to tell a kind by."""
     for kind, catalogue in CATALOGUES.items():
-        if name in catalogue.index:
+        if name in catalogue.index and name.startswith(KIND_PREFIXES[kind]):
             return kind
     return None
 
@@ -271,7 +272,7 @@ def _job_matcher(jobs: Sequence[str]) -> str:
 
 
 def plan_import(
-    api: PrometheusApi, *, window: ImportWindow, keep_uncatalogued: bool = False
+    api: PrometheusApi, *, window: ImportWindow, keep_uncatalogued: bool = True
 ) -> ImportPlan:
     """Find the catalogued names (and, with `keep_uncatalogued`, every other name of the same
     jobs) that have series in the window."""
@@ -554,7 +555,7 @@ def import_range(
     *,
     store: Store,
     plan: ImportPlan,
-    keep_uncatalogued: bool = False,
+    keep_uncatalogued: bool = True,
     on_query: Callable[[int], None] | None = None,
 ) -> PrometheusImportReport:
     """Read every chunk of `plan` and write it to `store`; `on_query(1)` after each query."""

@@ -53,11 +53,12 @@ RawOption = Annotated[
     ),
 ]
 KeepUncataloguedOption = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--keep-uncatalogued",
-        help="Import every other family of the same jobs too (as scrape.keep_uncatalogued does "
-        "for scrapes).",
+        "--keep-uncatalogued/--catalogued-only",
+        help="Import every other family of the same jobs too, under its own name, or only the "
+        "catalogued ones; default: the config's scrape.keep_uncatalogued (true).",
+        show_default=False,
     ),
 ]
 
@@ -77,7 +78,7 @@ def import_prometheus(
     step: StepOption = None,
     resolution: ResolutionOption = None,
     raw: RawOption = False,
-    keep_uncatalogued: KeepUncataloguedOption = False,
+    keep_uncatalogued: KeepUncataloguedOption = None,
     config_path: Annotated[
         Path,
         typer.Option(
@@ -139,7 +140,7 @@ def import_prometheus_range(
     to: str | None,
     step: str | None,
     raw: bool,
-    keep_uncatalogued: bool,
+    keep_uncatalogued: bool | None,
     as_json: bool,
     resolution: Resolution | None = None,
 ) -> None:
@@ -166,7 +167,9 @@ def import_prometheus_range(
         )
     except ValueError as exc:
         raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
-    keep = keep_uncatalogued or (config is not None and config.scrape.keep_uncatalogued)
+    keep = keep_uncatalogued
+    if keep is None:
+        keep = config.scrape.keep_uncatalogued if config is not None else True
     with open_store(state, create=True) as store:
         try:
             report = import_from_prometheus(url, store=store, window=window, keep_uncatalogued=keep)

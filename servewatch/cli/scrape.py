@@ -106,7 +106,7 @@ def scrape(
             to=to,
             step=step,
             raw=raw,
-            keep_uncatalogued=keep_uncatalogued,
+            keep_uncatalogued=True if keep_uncatalogued else None,
             as_json=as_json,
         )
         return
