@@ -22,11 +22,14 @@ from servewatch.cli import app
 from servewatch.collectors.metrics.exposition import parse_exposition
 from servewatch.collectors.metrics.ingest import Page, ingest_pages
 from servewatch.collectors.scrape.targets import Target, TargetKind
+from servewatch.emulator.fixture_writer import record_fleet
+from servewatch.emulator.fleet_config import fleet_config_from_mapping
 from servewatch.pipeline.promql import histogram_quantile
 from servewatch.store import Store
 from tests.conftest import FIXTURES
 
 T0 = datetime(2026, 11, 18, 10, 0, 0)
+T0_S = 1_795_000_000.0
 _TYPE = re.compile(r"# TYPE (\S+) (\S+)")
 
 
@@ -228,3 +231,60 @@ def test_an_exporter_page_of_40_uncatalogued_families_keeps_all_40(tmp_path: Pat
     assert {f"acme_widget_{i}" for i in range(40)} <= families
     assert unknown.height == 40
     assert report.stored_samples == len(parse_exposition(page)) == points.height
+
+
+MIXED_FLEET = {
+    "topology": {"zones": ["zone-a", "zone-b", "zone-c"], "replicas_per_host": 2},
+    "pools": [
+        {"name": "chat", "engine": "vllm", "replicas": 1},
+        {"name": "chat-sglang", "engine": "sglang", "replicas": 1},
+        {"name": "batch", "engine": "tgi", "replicas": 1},
+        {"name": "trt", "engine": "trtllm", "replicas": 1},
+        {"name": "trt-old", "engine": "trtllm_dynamo", "replicas": 1},
+        {"name": "edge", "engine": "llamacpp", "replicas": 1},
+    ],
+    "workload": {"arrival": {"rate_rps": 6.0}},
+}
+# pool: (has a TTFT histogram, has running/waiting gauges, has KV usage)
+POOLS = {
+    "chat": (True, True, True),
+    "chat-sglang": (True, True, True),
+    "batch": (False, True, False),
+    "trt": (True, True, True),
+    "trt-old": (True, False, False),
+    "edge": (False, True, False),
+}
+
+
+@pytest.mark.slow
+def test_a_fleet_mixing_engines_shows_each_engines_pool(tmp_path: Path) -> None:
+    config = fleet_config_from_mapping(MIXED_FLEET, source="fleet.toml")
+    folder = tmp_path / "fixture"
+    record_fleet(config, folder, start_s=T0_S, end_s=T0_S + 600.0, scrape_interval_s=30.0)
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    replayed = runner.invoke(app, ["--db", db, "replay", str(folder), "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    with Store.open(db, read_only=True) as store:
+        kinds = set(store.read_scrapes().collect()["kind"].drop_nulls())
+    assert kinds == {"vllm", "sglang", "tgi", "trtllm", "llamacpp", "dcgm"}
+    result = runner.invoke(
+        app, ["--db", db, "sli", "--by", "pool", "--source", "histograms", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    groups = {g["pool"]: g for g in json.loads(result.stdout)["histograms"]["groups"]}
+    assert set(groups) == set(POOLS)
+    for pool, (ttft, scheduler, kv) in POOLS.items():
+        block = groups[pool]
+        assert (block["ttft_s"]["p95"] is not None) is ttft, pool
+        assert (block["requests_running"]["mean"] is not None) is scheduler, pool
+        assert (block["kv_cache_usage_ratio"]["mean"] is not None) is kv, pool
+    # The same work reads alike whatever page shape reported it (one engine model serves all).
+    assert groups["chat-sglang"]["ttft_s"]["p95"] == pytest.approx(
+        groups["chat"]["ttft_s"]["p95"], rel=0.5
+    )
+    report = runner.invoke(app, ["--db", db, "report", "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    kv_chart = (tmp_path / "report" / "charts" / "kv-cache-usage.vl.json").read_text()
+    for replica in ("vllm-0", "sglang-1", "trtllm-3"):
+        assert replica in kv_chart
