@@ -64,7 +64,7 @@ def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFra
     return attribute_series(dimensions)
 
 
-def _increases(
+def series_increases(
     points: pl.LazyFrame, chosen: pl.LazyFrame, *, range_s: float, window_ends_s: Sequence[float]
 ) -> pl.LazyFrame:
     wanted = points.join(chosen.select("series_id"), on="series_id", how="semi")
@@ -89,7 +89,7 @@ def histogram_quantiles(
     buckets = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_not_null())
     by = [*scope.columns, "window_end_s"]
     summed = (
-        _increases(points, buckets, range_s=range_s, window_ends_s=window_ends_s)
+        series_increases(points, buckets, range_s=range_s, window_ends_s=window_ends_s)
         .group_by(*by, "le")
         .agg(pl.col("increase").sum())
     )
@@ -117,7 +117,7 @@ def counter_increases(
         chosen = chosen.filter(pl.col("le").is_null())
     by = [*scope.columns, *by_labels, "window_end_s"]
     return (
-        _increases(points, chosen, range_s=range_s, window_ends_s=window_ends_s)
+        series_increases(points, chosen, range_s=range_s, window_ends_s=window_ends_s)
         .group_by(by)
         .agg(pl.col("increase").sum())
         .sort(by, nulls_last=True)
@@ -276,7 +276,7 @@ def latency_quantiles(
     buckets = dimensions.filter(pl.col("signal").is_in(signals) & pl.col("le").is_not_null())
     by = [*scope.columns, "window_end_s"]
     summed = (
-        _increases(
+        series_increases(
             points,
             buckets.select("series_id", "le", "signal", *scope.columns).unique(),
             range_s=range_s,
@@ -326,7 +326,7 @@ def counter_table(
     by = [*scope.columns, "window_end_s"]
     per_target = [*by, "target_id"]
     series = chosen.select("series_id", "signal", "target_id", *scope.columns).unique()
-    increases = _increases(points, series, range_s=range_s, window_ends_s=window_ends_s)
+    increases = series_increases(points, series, range_s=range_s, window_ends_s=window_ends_s)
     signal = pl.col("signal")
     targets = increases.group_by(per_target).agg(
         pl.when((signal == counter.value).any())

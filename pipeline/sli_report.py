@@ -8,6 +8,7 @@ the store or the service holding it (`points_window` says which points it needs)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from servewatch.pipeline.cross_check import cross_check
+from servewatch.pipeline.family_sli import family_frame, family_series, family_shape
 from servewatch.pipeline.gpu_attribution import unmatched_gpu_readings
 from servewatch.pipeline.instants import format_instant
 from servewatch.pipeline.metric_sli import (
@@ -123,12 +125,13 @@ def build_sli_report(
     by: Grouping = Grouping.REPLICA,
     step: timedelta | None = None,
     source: SliSource = SliSource.TRACES,
+    families: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The SLI report of `source` over the window: the trace keys (`limits`, `overall`,
-    `groups`, `series`, `cross_check`) when it includes traces, and `histograms` when it
+    `groups`, `series`, `cross_check`) when it includes traces, `histograms` when it
     includes histograms and the store holds scraped points in the window (see
-    `histogram_section`). `window` and `by` describe the request selection; `source` says
-    what was asked for.
+    `histogram_section`), and `families` for each family named (`family_section`). `window`
+    and `by` describe the request selection; `source` says what was asked for.
     """
     from_ts, to_ts = window.from_ts, window.to_ts
     report: dict[str, Any] = {"source": source.value, "by": by.value}
@@ -144,7 +147,46 @@ def build_sli_report(
         section = histogram_section(window, by=by, step=step)
         if section is not None:
             report["histograms"] = section
+    if families:
+        report["families"] = family_section(window, families=families, by=by)
     return report
+
+
+def family_section(
+    window: Window, *, families: Sequence[str], by: Grouping = Grouping.REPLICA
+) -> dict[str, Any]:
+    """Each named family over the window, for the fleet and per group (`family_sli`): its
+    `shape`, `overall` and `groups`; a family without series in the store says so."""
+    span = window.stored_points
+    dimensions = window.dimensions()
+    out: dict[str, Any] = {}
+    if span is None:
+        return {name: {"shape": None, "overall": None, "groups": []} for name in families}
+    start, end = window.from_ts or span.first, window.to_ts or span.last
+    points = window.points_between(start, end + timedelta(microseconds=1))
+    scope = by.metric_scope
+    column = None if scope is Scope.FLEET else scope.value
+    args = {"range_s": (end - start).total_seconds(), "window_end_s": _epoch_s(end)}
+    for name in families:
+        series = family_series(dimensions, family=name)
+        metrics = series.select("metric").unique().collect().get_column("metric").to_list()
+        shape = family_shape(metrics, family=name)
+        if shape is None or args["range_s"] <= 0:
+            out[name] = {"shape": None, "overall": None, "groups": []}
+            continue
+        fleet, groups = pl.collect_all(
+            [
+                family_frame(points, series, family=name, shape=shape, scope=Scope.FLEET, **args),
+                family_frame(points, series, family=name, shape=shape, scope=scope, **args),
+            ]
+        )
+        overall = fleet.to_dicts()[0] if fleet.height else None
+        out[name] = {
+            "shape": shape.value,
+            "overall": overall,
+            "groups": groups.to_dicts() if column else [],
+        }
+    return out
 
 
 def trace_section(

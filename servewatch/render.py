@@ -123,13 +123,45 @@ def sli_series_table(report: dict[str, Any]) -> Table:
     return table
 
 
+_FAMILY_COLUMNS = {
+    "histogram": ("p50", "p90", "p95", "p99", "observations"),
+    "counter": ("increase", "per_s"),
+    "gauge": ("mean", "max", "samples"),
+}
+
+
+def _significant(value: Any) -> str:
+    """A value of any magnitude (a family's unit is not known): four significant digits."""
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else f"{value:,}"
+
+
+def sli_family_tables(report: dict[str, Any]) -> list[Table]:
+    """One table per family of `sli --metric`, its groups then the fleet."""
+    group = report["by"] if report["by"] != "fleet" else "scope"
+    tables = []
+    for name, section in report.get("families", {}).items():
+        if section["shape"] is None:
+            tables.append(Table(title=f"{name}: no series in this window"))
+            continue
+        columns = _FAMILY_COLUMNS[section["shape"]]
+        table = Table(title=f"{name} ({section['shape']})")
+        table.add_column(group)
+        for column in columns:
+            table.add_column(column, justify="right")
+        rows = [*section["groups"], {group: "fleet", **(section["overall"] or {})}]
+        for row in rows:
+            table.add_row(str(row.get(group)), *(_significant(row.get(c)) for c in columns))
+        tables.append(table)
+    return tables
+
+
 def sli_histogram_tables(report: dict[str, Any]) -> list[Table]:
     """SLIs from scraped series: latency quantiles, then engine state, throughput and GPUs."""
     section = report["histograms"]
     group = report["by"] if report["by"] != "fleet" else "scope"
     rows = [*section["groups"], {group: "fleet", **section["overall"]}]
     window = f"{_fmt(section['window']['window_s'], digits=0)} s"
-    latency = Table(title=f"Latency from vLLM histograms over {window} (p50 / p95 / p99 ms)")
+    latency = Table(title=f"Latency from engine histograms over {window} (p50 / p95 / p99 ms)")
     state = Table(title=f"Engine state, throughput and GPUs from scraped series over {window}")
     for header in (group, "TTFT", "ITL", "TPOT", "e2e"):
         latency.add_column(header, justify="left" if header == group else "right")

@@ -288,3 +288,47 @@ def test_a_fleet_mixing_engines_shows_each_engines_pool(tmp_path: Path) -> None:
     kv_chart = (tmp_path / "report" / "charts" / "kv-cache-usage.vl.json").read_text()
     for replica in ("vllm-0", "sglang-1", "trtllm-3"):
         assert replica in kv_chart
+
+
+def test_any_stored_family_reads_through_sli_by_its_shape(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    ingest(db, "sglang")
+    names = [
+        "sglang:grammar_compilation_time_seconds",  # uncatalogued histogram
+        "sglang:num_grammar_total",  # uncatalogued counter, by its sample name
+        "sglang:num_grammar",  # the same, by its family
+        "sglang:max_total_num_tokens",  # uncatalogued gauge
+        "sglang:num_running_reqs",  # catalogued, under its canonical name
+        "no_such_family",
+    ]
+    args = ["--db", str(db), "sli", "--source", "histograms", "--json", "--by", "replica"]
+    args += ["--from", "2026-11-18T10:00:00Z", "--to", "2026-11-18T10:01:00Z"]
+    for name in names:
+        args += ["--metric", name]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    families = json.loads(result.stdout)["families"]
+    page = sample("sglang")
+    histogram = families["sglang:grammar_compilation_time_seconds"]
+    assert histogram["shape"] == "histogram"
+    expected = page_quantile(page, "sglang:grammar_compilation_time_seconds", 0.95)
+    assert histogram["overall"]["p95"] == pytest.approx(expected)
+    counter = families["sglang:num_grammar_total"]
+    assert counter["shape"] == "counter"
+    first = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("sglang:num_grammar_total")
+    )
+    assert counter["overall"]["increase"] == pytest.approx(first)
+    assert counter["overall"]["per_s"] == pytest.approx(first / 60.0)
+    assert families["sglang:num_grammar"] == counter
+    gauge = families["sglang:max_total_num_tokens"]
+    assert gauge["shape"] == "gauge"
+    assert [g["replica"] for g in gauge["groups"]] == ["sglang-0"]
+    assert families["sglang:num_running_reqs"]["shape"] == "gauge"
+    assert families["no_such_family"] == {"shape": None, "overall": None, "groups": []}
+    table = CliRunner().invoke(app, [a for a in args if a != "--json"])
+    assert table.exit_code == 0, table.output
+    assert "(counter)" in table.stdout
+    assert "(histogram)" in table.stdout

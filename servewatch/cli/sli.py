@@ -26,6 +26,7 @@ from servewatch.render import (
     err_console,
     out_console,
     print_json,
+    sli_family_tables,
     sli_histogram_tables,
     sli_series_table,
     sli_table,
@@ -64,6 +65,15 @@ def sli(
             help="traces (request spans), histograms (scraped vLLM and DCGM series) or both.",
         ),
     ] = SliSource.BOTH,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            metavar="FAMILY",
+            help="Also read this stored family, catalogued or not (repeatable): quantiles of a "
+            "histogram, increase of a counter, mean and max of a gauge.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """SLIs from traces and from scraped histograms, per replica, pool, model, adapter or fleet.
@@ -95,7 +105,9 @@ def sli(
         except ValueError as exc:
             raise fail(f"--window: {exc}", code=EXIT_BAD_INPUT) from exc
     window_read = read_window(state, WindowQuery(from_ts, to_ts, **points_window(step)))
-    report = build_sli_report(window_read, limits=limits, by=by, step=step, source=source)
+    report = build_sli_report(
+        window_read, limits=limits, by=by, step=step, source=source, families=metric or ()
+    )
     if as_json:
         print_json(report)
     else:
@@ -106,6 +118,8 @@ def sli(
         if "histograms" in report:
             for table in sli_histogram_tables(report):
                 out_console.print(table)
+        for table in sli_family_tables(report):
+            out_console.print(table)
     if source.histograms and "histograms" not in report:
         err_console.print(
             f"no scraped series in {state.db} for this window: scrape or replay first"
