@@ -444,6 +444,11 @@ def attribute_series(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+# An exporter page holds its own series beside its GPUs' (process and runtime families, now
+# that every family is stored): a series without a GPU UUID is no GPU.
+_IS_GPU = pl.col("uuid").is_not_null()
+
+
 def unmatched_gpus(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     """The GPUs (and MIG slices) of attributed dimensions that serve no replica, one row each
     (`UNMATCHED_GPUS_SCHEMA`), sorted by target, hostname, UUID and GPU instance."""
@@ -451,6 +456,7 @@ def unmatched_gpus(dimensions: pl.LazyFrame) -> pl.LazyFrame:
     return (
         dimensions.filter(pl.col("gpu_rule").is_in(rules))
         .pipe(_series_gpu_identity)
+        .filter(_IS_GPU)
         .select(*IDENTITY_COLUMNS, "target_id", rule="gpu_rule")
         .unique()
         .select(UNMATCHED_GPUS_SCHEMA.names())
@@ -474,6 +480,7 @@ def unmatched_gpu_readings(points: pl.LazyFrame, dimensions: pl.LazyFrame) -> pl
     series = (
         dimensions.filter(pl.col("gpu_rule").is_in(rules))
         .pipe(_series_gpu_identity)
+        .filter(_IS_GPU)
         .select("series_id", "signal", "target_id", *IDENTITY_COLUMNS)
     )
     key = ["target_id", *IDENTITY_COLUMNS]

@@ -113,9 +113,14 @@ def test_gpu_power_and_utilisation_per_replica_equal_prometheus_per_gpu_sums(
         frozen_s = time.time()
 
         def scraped_still_pages() -> float | None:
+            # Every GPU and every engine scraped since the freeze: the import below reads
+            # from the freeze on, and a replica without an engine sample in it would leave
+            # its GPUs to no replica.
             stamps = instant_query(prometheus, "timestamp(DCGM_FI_DEV_POWER_USAGE)")
-            oldest = min((float(r["value"][1]) for r in stamps), default=0.0)
-            return time.time() if len(stamps) == 7 and oldest > frozen_s + 0.01 else None
+            engines = instant_query(prometheus, 'timestamp(up{job="vllm"})')
+            oldest = min((float(r["value"][1]) for r in [*stamps, *engines]), default=0.0)
+            complete = len(stamps) == 7 and len(engines) == 6
+            return time.time() if complete and oldest > frozen_s + 0.01 else None
 
         at_s = poll("Prometheus to scrape the still pages", scraped_still_pages)
         power = _by_replica(instant_query(prometheus, POWER, time_s=at_s))
