@@ -153,6 +153,8 @@ class ReportInputs:
     # GPUs (and MIG slices) that serve no replica (pipeline.gpu_attribution.UNMATCHED_GPUS_SCHEMA
     # columns): in no replica's figures, so named among the report's facts.
     unmatched_gpus: Frame | None = None
+    # The scrape targets (TARGETS_SCHEMA): which engine serves each pool, named among the facts.
+    targets: Frame | None = None
     budget_remaining: Frame | None = None
     burn_rates: Frame | None = None
     burn_thresholds: Frame | None = None
@@ -336,6 +338,7 @@ def build_report(
         window=window,
         facts=_facts(window=window, requests=requests, sli_report=inputs.sli_report, limits=limits)
         + _finding_facts(inputs.findings)
+        + _pool_facts(inputs.targets)
         + _unmatched_gpu_facts(inputs.unmatched_gpus),
         charts=tuple(out.charts),
         omitted=tuple(out.omitted),
@@ -343,6 +346,28 @@ def build_report(
 
 
 MAX_GPUS_LISTED = 8
+_NOT_ENGINES = ("dcgm", "auto")
+
+
+def _pool_facts(frame: Frame | None) -> tuple[tuple[str, str], ...]:
+    """Each pool with the engines that serve it and their replicas, so a fleet mixing engines
+    reads as its pools: `chat (vllm x2), batch (tgi x1)`."""
+    if frame is None:
+        return ()
+    pools = (
+        frame.lazy()
+        .filter(~pl.col("kind").is_in(_NOT_ENGINES))
+        .group_by(pool=pl.col("pool").fill_null("-"), engine=pl.col("kind"))
+        .agg(replicas=pl.col("replica").n_unique())
+        .collect()
+    )
+    if pools.is_empty():
+        return ()
+    engines: dict[str, list[str]] = {}
+    for row in pools.sort("engine").iter_rows(named=True):
+        engines.setdefault(row["pool"], []).append(f"{row['engine']} x{row['replicas']}")
+    text = ", ".join(f"{pool} ({', '.join(engines[pool])})" for pool in natural_order(list(engines)))
+    return (("pools", text),)
 
 
 def _unmatched_gpu_facts(frame: Frame | None) -> tuple[tuple[str, str], ...]:

@@ -288,6 +288,14 @@ def test_a_fleet_mixing_engines_shows_each_engines_pool(tmp_path: Path) -> None:
     kv_chart = (tmp_path / "report" / "charts" / "kv-cache-usage.vl.json").read_text()
     for replica in ("vllm-0", "sglang-1", "trtllm-3"):
         assert replica in kv_chart
+    page = (tmp_path / "report" / "report.html").read_text()
+    for pool in (
+        "chat (vllm x1)",
+        "chat-sglang (sglang x1)",
+        "batch (tgi x1)",
+        "edge (llamacpp x1)",
+    ):
+        assert pool in page
 
 
 def test_any_stored_family_reads_through_sli_by_its_shape(tmp_path: Path) -> None:
