@@ -366,7 +366,8 @@ def _pool_facts(frame: Frame | None) -> tuple[tuple[str, str], ...]:
     engines: dict[str, list[str]] = {}
     for row in pools.sort("engine").iter_rows(named=True):
         engines.setdefault(row["pool"], []).append(f"{row['engine']} x{row['replicas']}")
-    text = ", ".join(f"{pool} ({', '.join(engines[pool])})" for pool in natural_order(list(engines)))
+    named = natural_order(list(engines))
+    text = ", ".join(f"{pool} ({', '.join(engines[pool])})" for pool in named)
     return (("pools", text),)
 
 

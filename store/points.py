@@ -69,6 +69,52 @@ def _merged(
     return incoming if stored is None else stored
 
 
+# Rows of a DuckDB row group (its default, `row_group_size`).
+ROW_GROUP_ROWS = 122_880
+_SCRAPE_KEY = ["target_id", "scrape_ts"]
+
+
+def write_chunks(
+    scrapes: pl.DataFrame, samples: pl.DataFrame, *, rows: int = ROW_GROUP_ROWS // 2
+) -> list[tuple[pl.DataFrame, pl.DataFrame]]:
+    """`scrapes` and their `samples` cut into consecutive chunks of whole scrapes of at most
+    `rows` samples each (a scrape of more is a chunk of its own); one chunk when it fits.
+    Half a row group by default: an append also fills the row group the last one left open,
+    and a day's replay left the fewest free blocks so (38-39 of ~335; a quarter: 38, 20 %
+    slower; a whole row group: 49)."""
+    if samples.height <= rows:
+        return [(scrapes, samples)]
+    per_scrape = (
+        scrapes.select("target_id", scrape_ts="ts")
+        .join(
+            samples.group_by(_SCRAPE_KEY).len(), on=_SCRAPE_KEY, how="left", maintain_order="left"
+        )
+        .with_columns(pl.col("len").fill_null(0))
+    )
+    chunk = 0
+    filled = 0
+    chunks: list[int] = []
+    for count in per_scrape.get_column("len").to_list():
+        if filled and filled + count > rows:
+            chunk, filled = chunk + 1, 0
+        chunks.append(chunk)
+        filled += count
+    numbered = per_scrape.select(*_SCRAPE_KEY, _chunk=pl.Series(chunks, dtype=pl.Int64)).unique(
+        _SCRAPE_KEY, keep="first", maintain_order=True
+    )
+    keyed_scrapes = scrapes.join(
+        numbered.rename({"scrape_ts": "ts"}), on=["target_id", "ts"], how="left"
+    )
+    keyed_samples = samples.join(numbered, on=_SCRAPE_KEY, how="left")
+    return [
+        (
+            keyed_scrapes.filter(pl.col("_chunk") == k).drop("_chunk"),
+            keyed_samples.filter(pl.col("_chunk") == k).drop("_chunk"),
+        )
+        for k in range(chunk + 1)
+    ]
+
+
 class PointWrites(PointCompaction):
     """Writes targets, scrapes and their samples; knows which keys are stored (`WrittenKeys`)."""
 
@@ -159,6 +205,12 @@ class PointWrites(PointCompaction):
         scrapes are new, the series ids and the open blocks are answered from what this
         store has written (`WrittenKeys`), and only a batch that those cannot vouch for (a
         replayed or late scrape) asks the tables.
+
+        A batch of more samples than half a DuckDB row group is written in consecutive
+        transactions of whole scrapes, each within one row group (`write_chunks`): a larger
+        transaction has DuckDB write its row groups ahead of the commit, and the checkpoint
+        that follows rewrites them and leaves the first copy's blocks free in the file (a
+        day's replay in 600-page batches grew its file by a third so).
         """
         check_schema("scrapes", scrapes, SCRAPES_SCHEMA)
         check_schema("samples", samples, SAMPLES_SCHEMA)
@@ -168,7 +220,13 @@ class PointWrites(PointCompaction):
         if scrapes.height == 0:
             self._write_targets(targets)
             return (0, 0)
-        return self._write_scrapes(scrapes, samples, targets, retry=True)
+        new_scrapes = new_points = 0
+        for index, (some_scrapes, some_samples) in enumerate(write_chunks(scrapes, samples)):
+            written = self._write_scrapes(
+                some_scrapes, some_samples, targets if index == 0 else targets.clear(), retry=True
+            )
+            new_scrapes, new_points = new_scrapes + written[0], new_points + written[1]
+        return (new_scrapes, new_points)
 
     def _write_scrapes(
         self, scrapes: pl.DataFrame, samples: pl.DataFrame, targets: pl.DataFrame, *, retry: bool

@@ -16,6 +16,7 @@ from servewatch.pipeline.tables import POINTS_SCHEMA, SAMPLES_SCHEMA, SCRAPES_SC
 from servewatch.store import Store
 from servewatch.store.migrations import MIGRATIONS
 from servewatch.store.point_layout import POINT_BLOCK
+from servewatch.store.points import write_chunks
 
 T0 = datetime(2026, 11, 18, 0, 0, 0)
 
@@ -266,3 +267,28 @@ def test_older_files_migrate_to_compacted_points(tmp_path: Path, version: int) -
     assert "points_ms" not in tables
     # Instants of targets a and b are kept apart even at the same time.
     assert query(path, "SELECT count(*) FROM point_instants") == [(5,)]
+
+
+def test_a_batch_larger_than_a_row_group_is_written_in_chunks_of_whole_scrapes() -> None:
+    # A transaction of more rows than a DuckDB row group is written ahead of its commit and
+    # rewritten by the next checkpoint, leaving free blocks; the store cuts such a batch.
+    times = [T0 + timedelta(seconds=15 * k) for k in range(7)]
+    scrapes, samples = batch(times, series=3)
+    chunks = write_chunks(scrapes, samples, rows=7)
+    sizes = [(s.height, p.height) for s, p in chunks]
+    assert sizes == [(2, 6), (2, 6), (2, 6), (1, 3)]
+    assert pl.concat([p for _, p in chunks]).sort(pl.all()).equals(samples.sort(pl.all()))
+    assert write_chunks(scrapes, samples, rows=100) == [(scrapes, samples)]
+    # a scrape of more samples than a chunk holds is a chunk of its own
+    assert [s.height for s, _ in write_chunks(scrapes, samples, rows=2)] == [1] * 7
+
+
+def test_a_batch_written_in_chunks_stores_what_one_write_would(tmp_path: Path) -> None:
+    times = [T0 + timedelta(seconds=15 * k) for k in range(300)]
+    scrapes, samples = batch(times, series=500)  # 150,000 samples: three chunks
+    assert len(write_chunks(scrapes, samples)) == 3
+    with Store.open(tmp_path / "s.duckdb") as store:
+        assert store.write_scrapes(scrapes, samples) == (300, 150_000)
+        assert store.write_scrapes(scrapes, samples) == (0, 0)
+        stored = store.read_points().collect()
+    assert stored.height == 150_000
