@@ -10,6 +10,7 @@ capacity at the SLO; token goodput the rate of the output tokens of those reques
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import altair as alt
@@ -152,43 +153,20 @@ def goodput_chart(
     max_points: int = MAX_POINTS_PER_SERIES,
 ) -> Any:
     """Good requests per second for each SLO, against all requests per second."""
-    rows = SLO_EVENTS_CONTRACT.select(frame)
-    buckets = buckets_for(rows, domain=domain, max_points=max_points)
-    bucketed = _bucketed(rows, width_s=buckets.width_s, bucket=bucket_start("minute_ts", buckets))
-    good = bucketed.select("bucket", series=pl.format("good: {}", "slo"), rate=pl.col("good_per_s"))
-    # Every SLO counts the same requests unless scoped; the largest total is all of them.
-    everything = bucketed.group_by("bucket").agg(
-        series=pl.lit("all requests"), rate=pl.col("all_per_s").max()
-    )
-    data = compact(
-        pl.concat([good, everything.select(good.columns)])
-        .select(epoch_ms("bucket").alias("ts"), "series", "rate")
-        .sort("ts", "series")
-    )
-    order = [
-        "all requests",
-        *natural_order([s for s in data["series"].to_list() if s != "all requests"]),
-    ]
-    lines = series_lines(
-        data,
-        y="rate",
-        y_title="requests per second (req/s)",
-        color="series",
-        color_title="requests",
+    return _good_against_all(
+        SLO_EVENTS_CONTRACT.select(frame),
         domain=domain,
-        order=order,
-        value_format=".3g",
-        points=buckets.minutes <= 30,
-    )
-    subtitle = [
-        (
-            f"Goodput: requests meeting each SLO per second, per {buckets.label}, against all "
-            "requests per second (fleet)."
+        max_points=max_points,
+        unit=_GoodputUnit(
+            title="Goodput",
+            everything="all requests",
+            y_title="requests per second (req/s)",
+            color_title="requests",
+            lead="Goodput: requests meeting each SLO per second, per {label}, against all "
+            "requests per second (fleet).",
+            note="requests in it / its length (exact)",
         ),
-        buckets.note_with("requests in it / its length (exact)"),
-    ]
-    chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
-    return titled(chart, title="Goodput", subtitle=[s for s in subtitle if s])
+    )
 
 
 def token_goodput_chart(
@@ -204,12 +182,49 @@ def token_goodput_chart(
         .drop_nulls("output_tokens")
         .with_columns(good=pl.col("good_output_tokens").fill_null(0), total=pl.col("output_tokens"))
     )
+    return _good_against_all(
+        rows,
+        domain=domain,
+        max_points=max_points,
+        unit=_GoodputUnit(
+            title="Token goodput",
+            everything="all output tokens",
+            y_title="output tokens per second (tok/s)",
+            color_title="output tokens",
+            lead="Token goodput: output tokens of the requests meeting each SLO per second, per "
+            "{label}, against all output tokens per second, failed requests' included (fleet).",
+            note="tokens in it / its length (exact)",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _GoodputUnit:
+    """What a goodput chart counts: requests or output tokens, and the words for them."""
+
+    title: str
+    everything: str  # the series of all events
+    y_title: str
+    color_title: str
+    lead: str  # the subtitle's first line; `{label}` is the bucket's
+    note: str  # how a bucket's rate is computed
+
+
+def _good_against_all(
+    rows: pl.DataFrame,
+    *,
+    domain: TimeDomain | None,
+    max_points: int,
+    unit: _GoodputUnit,
+) -> Any:
+    """Good events per second for each SLO, against all events per second (`good`, `total`
+    per minute, SLO)."""
     buckets = buckets_for(rows, domain=domain, max_points=max_points)
     bucketed = _bucketed(rows, width_s=buckets.width_s, bucket=bucket_start("minute_ts", buckets))
     good = bucketed.select("bucket", series=pl.format("good: {}", "slo"), rate=pl.col("good_per_s"))
-    # Every SLO counts the same requests unless scoped; the largest total is all of them.
+    # Every SLO counts the same events unless scoped; the largest total is all of them.
     everything = bucketed.group_by("bucket").agg(
-        series=pl.lit("all output tokens"), rate=pl.col("all_per_s").max()
+        series=pl.lit(unit.everything), rate=pl.col("all_per_s").max()
     )
     data = compact(
         pl.concat([good, everything.select(good.columns)])
@@ -217,27 +232,20 @@ def token_goodput_chart(
         .sort("ts", "series")
     )
     order = [
-        "all output tokens",
-        *natural_order([s for s in data["series"].to_list() if s != "all output tokens"]),
+        unit.everything,
+        *natural_order([s for s in data["series"].to_list() if s != unit.everything]),
     ]
     lines = series_lines(
         data,
         y="rate",
-        y_title="output tokens per second (tok/s)",
+        y_title=unit.y_title,
         color="series",
-        color_title="output tokens",
+        color_title=unit.color_title,
         domain=domain,
         order=order,
         value_format=".3g",
         points=buckets.minutes <= 30,
     )
-    subtitle = [
-        (
-            f"Token goodput: output tokens of the requests meeting each SLO per second, per "
-            f"{buckets.label}, against all output tokens per second, failed requests' included "
-            "(fleet)."
-        ),
-        buckets.note_with("tokens in it / its length (exact)"),
-    ]
+    subtitle = [unit.lead.format(label=buckets.label), buckets.note_with(unit.note)]
     chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
-    return titled(chart, title="Token goodput", subtitle=[s for s in subtitle if s])
+    return titled(chart, title=unit.title, subtitle=[s for s in subtitle if s])
