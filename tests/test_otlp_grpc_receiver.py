@@ -19,9 +19,8 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 from typer.testing import CliRunner
 
 from servewatch.cli import app
@@ -30,10 +29,10 @@ from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.traces.grpc_receiver import METHOD, SERVICE, OtlpGrpcReceiver
 from servewatch.collectors.traces.receiver import ReceiverConfig
 from servewatch.collectors.traces.span_identity import TargetDirectory
-from servewatch.emulator.request_span import RequestTiming, record_request_span
 from servewatch.service import Service
 from servewatch.store import Store
 from tests.conftest import free_port
+from tests.request_span_builder import request_spans
 from tests.test_otlp_receiver import protobuf_body
 
 TOKEN = "grpc-s3cret"
@@ -60,24 +59,9 @@ def vllm_spans(
         attributes["k8s.pod.name"] = pod
     resource = Resource.create(attributes | {"service.name": "vllm"})
     assert resource.attributes["service.instance.id"]  # the SDK's random UUID
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("vllm.llm_engine")
-    for i in range(n):
-        timing = RequestTiming(
-            request_id=f"chatcmpl-{i}",
-            arrival_s=1_795_000_000.0 + i,
-            queue_s=0.01,
-            prefill_s=0.1,
-            decode_s=0.5,
-            prompt_tokens=100,
-            completion_tokens=11,
-        )
-        record_request_span(tracer, timing)
-    for i in range(broken):  # request spans without the latencies a request row needs
-        tracer.start_span("llm_request", start_time=1_795_000_000 * 10**9 + i).end()
-    spans = list(memory.get_finished_spans())
+    spans = request_spans(
+        resource, n, broken=broken, id_prefix="chatcmpl", tracer_name="vllm.llm_engine"
+    )
     if extra:
         spans = [_with_attributes(span, extra) for span in spans]
     return spans

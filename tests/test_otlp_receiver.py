@@ -18,9 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from servewatch.collectors.fixture.recording import otlp_json_line
 from servewatch.collectors.store_writer import StoreWriter
@@ -31,34 +30,16 @@ from servewatch.collectors.traces.receiver import (
     handle_export,
 )
 from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
-from servewatch.emulator.request_span import RequestTiming, record_request_span
 from servewatch.store import Store
+from tests.request_span_builder import request_spans
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
 TOKEN = "s3cret"
 
 
 def make_spans(n: int, *, replica: str = "vllm-7", broken: int = 0) -> list[ReadableSpan]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(
-        resource=Resource({"service.name": "vllm", "servewatch.replica": replica})
-    )
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("vllm")
-    for i in range(n):
-        timing = RequestTiming(
-            request_id=f"cmpl-{i}",
-            arrival_s=1_795_000_000.0 + i,
-            queue_s=0.01,
-            prefill_s=0.1,
-            decode_s=0.5,
-            prompt_tokens=100,
-            completion_tokens=11,
-        )
-        record_request_span(tracer, timing)
-    for i in range(broken):  # request spans without the latencies a request row needs
-        tracer.start_span("llm_request", start_time=1_795_000_000 * 10**9 + i).end()
-    return list(memory.get_finished_spans())
+    resource = Resource({"service.name": "vllm", "servewatch.replica": replica})
+    return request_spans(resource, n, broken=broken, tracer_name="vllm")
 
 
 def protobuf_body(spans: list[ReadableSpan]) -> bytes:
