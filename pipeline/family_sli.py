@@ -17,10 +17,15 @@ from enum import StrEnum
 
 import polars as pl
 
-from servewatch.pipeline.metric_sli import DIMENSIONS, Scope, attributed, series_increases
+from servewatch.pipeline.metric_sli import (
+    QUANTILES,
+    Scope,
+    attributed,
+    series_counter_sums,
+    series_gauge_stats,
+    series_increases,
+)
 from servewatch.pipeline.promql import histogram_quantile_frame
-
-QUANTILES: tuple[tuple[int, float], ...] = ((50, 0.5), (90, 0.9), (95, 0.95), (99, 0.99))
 
 
 class FamilyShape(StrEnum):
@@ -86,21 +91,13 @@ def family_frame(
     if shape is FamilyShape.COUNTER:
         counters = series.filter(pl.col("metric").is_in([family + "_total", family]))
         return (
-            series_increases(points, counters, range_s=range_s, window_ends_s=ends)
-            .group_by(by or pl.lit(0))
-            .agg(pl.col("increase").sum())
+            series_counter_sums(
+                points, counters, range_s=range_s, window_ends_s=ends, by=[*by, "window_end_s"]
+            )
             .with_columns(per_s=pl.col("increase") / range_s)
             .select(*by, "increase", "per_s")
-            .sort(by, nulls_last=True)
         )
     gauges = series.filter(pl.col("metric") == family)
-    start_s = window_end_s - range_s
-    epoch_s = pl.col("ts").dt.epoch("us").cast(pl.Float64) / 1e6
-    return (
-        points.join(gauges.select("series_id", *DIMENSIONS), on="series_id", how="inner")
-        .filter(epoch_s.is_between(start_s, window_end_s))
-        .group_by(by or pl.lit(0))
-        .agg(mean=pl.col("value").mean(), max=pl.col("value").max(), samples=pl.len())
-        .select(*by, "mean", "max", "samples")
-        .sort(by, nulls_last=True)
-    )
+    return series_gauge_stats(
+        points, gauges, range_s=range_s, window_ends_s=ends, scope=scope
+    ).select(*by, "mean", "max", "samples")

@@ -116,6 +116,19 @@ def counter_increases(
     else:
         chosen = chosen.filter(pl.col("le").is_null())
     by = [*scope.columns, *by_labels, "window_end_s"]
+    return series_counter_sums(points, chosen, range_s=range_s, window_ends_s=window_ends_s, by=by)
+
+
+def series_counter_sums(
+    points: pl.LazyFrame,
+    chosen: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    by: Sequence[str],
+) -> pl.LazyFrame:
+    """`sum by (by) (increase(x[range]))` of the `chosen` series (with `by`'s columns, of
+    which `window_end_s` is one). Columns: `by`, increase."""
     return (
         series_increases(points, chosen, range_s=range_s, window_ends_s=window_ends_s)
         .group_by(by)
@@ -155,10 +168,24 @@ def gauge_stats(
     Windows must not overlap (each window end at least `range_s` after the previous one): a
     sample counts in the first window ending at or after it, so cost stays linear in samples.
     """
+    chosen = attributed(dimensions).filter(pl.col("signal") == signal.value)
+    return series_gauge_stats(
+        points, chosen, range_s=range_s, window_ends_s=window_ends_s, scope=scope
+    )
+
+
+def series_gauge_stats(
+    points: pl.LazyFrame,
+    chosen: pl.LazyFrame,
+    *,
+    range_s: float,
+    window_ends_s: Sequence[float],
+    scope: Scope,
+) -> pl.LazyFrame:
+    """`gauge_stats` of the `chosen` series (attributed dimensions rows)."""
     ends_sorted = sorted(window_ends_s)
     if any(b - a < range_s for a, b in pairwise(ends_sorted)):
         raise ValueError(f"gauge windows overlap: ends closer than range_s={range_s}")
-    chosen = attributed(dimensions).filter(pl.col("signal") == signal.value)
     ends = pl.LazyFrame({"window_end_s": ends_sorted}, schema={"window_end_s": pl.Float64})
     samples = (
         points.join(chosen.select("series_id", *DIMENSIONS), on="series_id", how="inner")
