@@ -14,6 +14,9 @@ from datetime import timedelta
 # - `point_rows`: (series_id, instant, value) of compacted blocks, ordered by target, series,
 #   and time, alternating direction from one series to the next, so the instant column moves by
 #   +-1 along a series and by about 0 across a boundary: ~0.3 B a sample instead of ~3.1 B.
+#   A target's series follow one another by their mean value in the block, because ALP packs
+#   1,024 values at the width of their range: neighbours of like magnitude (a counter beside
+#   counters, a ratio beside ratios) cost ~12 % fewer bytes than neighbours in id order.
 # Blocks are 1 h: a block is compacted half a block after its end, so the head peaks at 1.5 h of
 # points, whose blocks are left free in the file when it empties; 2 h blocks compress ~0.1 B a
 # sample better but double that slack. docs/design-notes.md ("Points storage") has the
@@ -46,15 +49,20 @@ COMPACT_STATEMENTS: tuple[str, ...] = (
     """
     INSERT INTO point_rows
     SELECT series_id, instant, value FROM (
-        SELECT c.series_id, i.instant, c.value, i.block_ts, i.target_id,
-               dense_rank() OVER (PARTITION BY i.block_ts ORDER BY i.target_id, c.series_id)
-                   AS nth_series
-        FROM compacting c
-        LEFT JOIN series s USING (series_id)
-        JOIN compacting_instants i
-            ON i.target_id IS NOT DISTINCT FROM s.target_id AND i.ts = c.ts
+        SELECT series_id, instant, value, block_ts, target_id,
+               dense_rank() OVER (
+                   PARTITION BY block_ts ORDER BY target_id, level NULLS LAST, series_id
+               ) AS nth_series
+        FROM (
+            SELECT c.series_id, i.instant, c.value, i.block_ts, i.target_id,
+                   avg(c.value) OVER (PARTITION BY i.block_ts, c.series_id) AS level
+            FROM compacting c
+            LEFT JOIN series s USING (series_id)
+            JOIN compacting_instants i
+                ON i.target_id IS NOT DISTINCT FROM s.target_id AND i.ts = c.ts
+        )
     )
-    ORDER BY block_ts, target_id, series_id,
+    ORDER BY block_ts, nth_series,
              CASE WHEN nth_series % 2 = 0 THEN -instant ELSE instant END
     """,
     "DROP TABLE compacting_instants",
