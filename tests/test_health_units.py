@@ -138,6 +138,7 @@ def _targets(rows: list[tuple[str, str | None, str | None, str | None]]) -> pl.L
             "gpus": [1 for _ in rows],
             "first_seen_ts": [T0 for _ in rows],
             "last_seen_ts": [T0 + timedelta(minutes=30) for _ in rows],
+            "gpu_uuids": [None for _ in rows],
         },
         schema=TARGETS_SCHEMA,
     )
