@@ -10,7 +10,9 @@ Both are the same per-minute good/total shape, so budgets and burn rates come ou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
 from pathlib import Path
 
 import polars as pl
@@ -23,9 +25,9 @@ from servewatch.slo.alerting import Evaluation, step
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
 from servewatch.slo.imports import load_slo_file
 from servewatch.slo.notification import Notifier
-from servewatch.slo.spec import SloSpec
+from servewatch.slo.spec import SliSource, SloSpec
 from servewatch.slo.status import SloStatus, slo_status
-from servewatch.store import Store
+from servewatch.store import Store, utc_now
 from servewatch.store.rollup_job import roll_up_requests
 from servewatch.store.rollups import criteria_fingerprint
 
@@ -51,6 +53,114 @@ def load_specs(paths: Sequence[Path]) -> tuple[tuple[SloSpec, ...], tuple[str, .
     if duplicates:
         raise SloSetupError(f"SLO names must be unique across files; repeated: {duplicates}")
     return tuple(specs), tuple(notes)
+
+
+MINUTE = timedelta(minutes=1)
+
+
+class InstantBasis(Enum):
+    """Why an evaluation ran at its instant."""
+
+    REQUESTED = "requested"  # --at, on a minute boundary
+    REQUESTED_LAST_MINUTE = "requested, last minute counted"  # --at inside the data's last minute
+    REQUESTED_FLOORED = "requested, floored to the minute"  # --at inside a minute with later data
+    END_OF_DATA = "end of data"
+    NO_DATA = "no data: now"
+
+
+@dataclass(frozen=True)
+class EvaluationInstant:
+    """The minute boundary an evaluation ran at, and why: `at` (naive UTC), the instant asked
+    for (None without --at) and the last sample or request time the SLOs read."""
+
+    at: datetime
+    basis: InstantBasis
+    requested: datetime | None
+    data_end: datetime | None
+
+    def describe(self) -> str:
+        text = f"evaluated at {self.at.isoformat(timespec='minutes')} UTC ({self.basis.value}"
+        if self.basis is InstantBasis.REQUESTED_FLOORED and self.requested is not None:
+            text += f"; --at {self.requested.isoformat(timespec='seconds')} falls inside a minute"
+            text += " that later data completes, so that minute is not counted"
+        if self.data_end is not None:
+            text += f"; data ends {self.data_end.isoformat(timespec='seconds')}"
+        return text + ")"
+
+    def to_json(self) -> dict[str, str | None]:
+        def iso(moment: datetime | None) -> str | None:
+            return None if moment is None else moment.isoformat() + "Z"
+
+        return {
+            "at": iso(self.at),
+            "basis": self.basis.value,
+            "requested": iso(self.requested),
+            "data_end": iso(self.data_end),
+        }
+
+
+def _naive(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _floor(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def _ceil(moment: datetime) -> datetime:
+    floor = _floor(moment)
+    return floor if floor == moment else floor + MINUTE
+
+
+def data_end(store: Store, *, specs: Sequence[SloSpec]) -> tuple[datetime, datetime] | None:
+    """The last time the SLOs' data holds and the first minute boundary whose evaluation
+    counts it: a request counts in the minute it ended in (the boundary after it), a sample in
+    the minute it closes (a sample at 12:00:00 counts in an evaluation at 12:00, as PromQL's
+    range selectors include the evaluation instant). None without data. Without specs, both
+    requests and samples count."""
+    sources = {s.sli.source for s in specs} or {SliSource.TRACES, SliSource.METRICS}
+    ends: list[tuple[datetime, datetime]] = []
+    if SliSource.TRACES in sources and (requests := store.requests_range()) is not None:
+        ends.append((requests[1], _floor(requests[1]) + MINUTE))
+    if SliSource.METRICS in sources and (points := store.points_range()) is not None:
+        ends.append((points[1], _ceil(points[1])))
+    if not ends:
+        return None
+    return max(e[0] for e in ends), max(e[1] for e in ends)
+
+
+def evaluation_instant(
+    store: Store,
+    *,
+    specs: Sequence[SloSpec],
+    at: datetime | None,
+    now: datetime | None = None,
+) -> EvaluationInstant:
+    """Where an evaluation runs: at `at` when given, else at the end of the data the SLOs read
+    (a store whose data ended weeks ago is judged on that data, not on empty windows), else
+    (no data at all) at `now`.
+
+    A given `at` inside a minute counts that minute when the data holds nothing after `at`
+    (its last minute: nothing later could fall in it), and otherwise evaluates at the minute's
+    start, saying so in `basis`, never silently.
+    """
+    end = data_end(store, specs=specs)
+    data_time = None if end is None else end[0]
+    if at is None:
+        if end is None:
+            return EvaluationInstant(
+                _floor(_naive(now or utc_now())), InstantBasis.NO_DATA, None, None
+            )
+        return EvaluationInstant(end[1], InstantBasis.END_OF_DATA, None, data_time)
+    requested = _naive(at)
+    floor = _floor(requested)
+    if floor == requested:
+        return EvaluationInstant(floor, InstantBasis.REQUESTED, requested, data_time)
+    if data_time is None or data_time <= requested:
+        return EvaluationInstant(
+            floor + MINUTE, InstantBasis.REQUESTED_LAST_MINUTE, requested, data_time
+        )
+    return EvaluationInstant(floor, InstantBasis.REQUESTED_FLOORED, requested, data_time)
 
 
 def _criteria(specs: Sequence[SloSpec]) -> tuple[list[EventCriterion], list[MetricCriterion]]:
