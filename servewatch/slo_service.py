@@ -17,11 +17,16 @@ from pathlib import Path
 
 import polars as pl
 
-from servewatch.pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
+from servewatch.pipeline.metric_minutes import (
+    MetricCriterion,
+    metric_slo_minutes,
+    metric_slo_series,
+)
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
-from servewatch.slo.alert_state import TableAlertStateStore, changes_from_frame
-from servewatch.slo.alerting import Evaluation, step
+from servewatch.slo.alert_state import AlertChange, TableAlertStateStore, changes_from_frame
+from servewatch.slo.alerting import Evaluation, replay, step
+from servewatch.slo.counter_windows import SAMPLES_COLUMNS, window_increases
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
 from servewatch.slo.imports import load_slo_file
 from servewatch.slo.notification import Notifier
@@ -196,6 +201,58 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
     return pl.concat(frames)
 
 
+def metric_alert_sums(
+    store: Store, *, specs: Sequence[SloSpec], instants: Sequence[datetime]
+) -> pl.LazyFrame | None:
+    """The alert windows of the metric-counted SLOs at each of `instants`, as PromQL's
+    `sum(increase(...))` over the stored samples gives them (`slo.counter_windows`), so the
+    evaluation agrees with Prometheus running `slo rules`' output minute by minute. None
+    when no SLO is counted from metrics."""
+    metric_specs = [s for s in specs if s.metric_criterion() is not None]
+    if not metric_specs or not instants:
+        return None
+    criteria = [c for s in metric_specs if (c := s.metric_criterion()) is not None]
+    windows = sorted(
+        {
+            (spec.name, length)
+            for spec in metric_specs
+            for pair in spec.windows
+            for length in (pair.long_window_s, pair.short_window_s)
+        }
+    )
+    if not windows:
+        return None
+    longest = max(length for _, length in windows)
+    dimensions = series_dimensions(store.read_series(), store.read_targets())
+    chosen = metric_slo_series(dimensions, criteria=criteria)
+    for spec in metric_specs:
+        for key, value in spec.scope:
+            if key in chosen.collect_schema().names():
+                chosen = chosen.filter((pl.col("slo") != spec.name) | (pl.col(key) == value))
+    points = store.read_points(
+        from_ts=min(instants) - timedelta(seconds=longest), to_ts=max(instants) + MINUTE
+    )
+    samples = (
+        points.join(chosen.select("series_id", "slo", "role").collect().lazy(), on="series_id")
+        .filter(pl.col("ts") <= max(instants))
+        .select(SAMPLES_COLUMNS)
+    )
+    return window_increases(samples, instants=instants, windows_s=windows)
+
+
+def replay_from_store(
+    store: Store, *, specs: Sequence[SloSpec], start: datetime, end: datetime
+) -> tuple[AlertChange, ...]:
+    """Every minute's alert evaluation from `start` to `end` in virtual time, as the scheduled
+    evaluation would have recorded it (metric SLOs through `metric_alert_sums`)."""
+    minutes = slo_minutes_at(store, specs=specs, at=end)
+    first = start.replace(second=0, microsecond=0)
+    count = int((end.replace(second=0, microsecond=0) - first) / MINUTE) + 1
+    instants = [first + i * MINUTE for i in range(max(count, 0))]
+    sums = metric_alert_sums(store, specs=specs, instants=instants)
+    return replay(minutes, specs=specs, start=start, end=end, alert_sums=sums)
+
+
 def status_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> tuple[SloStatus, ...]:
     minutes = slo_minutes_at(store, specs=specs, at=at)
     history = changes_from_frame(store.read_alert_changes().collect())
@@ -211,4 +268,5 @@ def evaluate(
     minutes = slo_minutes_at(store, specs=specs, at=at)
     # Finding alerts share the table; this state machine must not resolve them.
     states = AlertStateView(TableAlertStateStore(store), keep=is_slo_alert)
-    return step(minutes, specs=specs, at=at, states=states, notifier=notifier)
+    sums = metric_alert_sums(store, specs=specs, instants=[at.replace(second=0, microsecond=0)])
+    return step(minutes, specs=specs, at=at, states=states, notifier=notifier, alert_sums=sums)
