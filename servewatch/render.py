@@ -268,8 +268,10 @@ def alerts_table(changes: Sequence[AlertChange]) -> Table:
     return table
 
 
-def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
-    table = Table(title=f"SLO status at {at.isoformat(timespec='minutes')} UTC")
+def slo_status_table(
+    statuses: Sequence[SloStatus], *, at: datetime, caption: str | None = None
+) -> Table:
+    table = Table(title=f"SLO status at {at.isoformat(timespec='minutes')} UTC", caption=caption)
     for header in (
         "SLO",
         "objective",
@@ -292,9 +294,13 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
             f"{status.good:,}/{status.total:,}"
             + (" tokens" if status.events == "output tokens" else ""),
             _fmt(status.error_ratio, digits=5),
-            _fmt(status.budget_remaining_ratio, scale=100.0),
+            "no data"
+            if status.budget_remaining_ratio is None
+            else _fmt(status.budget_remaining_ratio, scale=100.0),
             _fmt(status.current_burn_rate, digits=2),
-            "exhausted"
+            "no data"
+            if status.budget_remaining_ratio is None
+            else "exhausted"
             if status.budget_remaining_ratio <= 0
             else "-"
             if exhaustion is None
@@ -316,7 +322,11 @@ def demo_summary(summary: dict[str, Any]) -> Text:
     lines.append("SLO status at the end of the recording:")
     lines.extend(
         f"  {status['slo']}: {status['good']:,}/{status['total']:,} good, budget left "
-        f"{status['budget_remaining_ratio']:.0%}"
+        + (
+            "no data"
+            if status["budget_remaining_ratio"] is None
+            else f"{status['budget_remaining_ratio']:.0%}"
+        )
         for status in summary["slo_status"]
     )
     fired = summary["alerts_fired"]

@@ -33,12 +33,18 @@ from servewatch.render import (
     print_json,
     slo_status_table,
 )
-from servewatch.slo.alert_state import changes_from_frame
+from servewatch.slo.alert_state import AlertState, changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.fields import SpecError
 from servewatch.slo.prometheus_rules import prometheus_rules
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
+from servewatch.slo_service import (
+    SloSetupError,
+    evaluate,
+    evaluation_instant,
+    load_specs,
+    status_at,
+)
 from servewatch.store import (
     utc_now,
 )
@@ -67,20 +73,31 @@ def slo_status_command(
     ctx: typer.Context,
     slo: SloOption = None,
     config: ConfigOption = None,
-    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(help="Evaluate at this time (default: the end of the data the SLOs read)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Budget remaining and consumed, burn rate per alert window, time to exhaustion and alert
-    state of every SLO, exact from per-minute good and total counts."""
+    state of every SLO, exact from per-minute good and total counts. A period without events
+    says "no data". The output names the instant evaluated and why."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
-    moment = instant(at, "--at") or utc_now()
+    requested = instant(at, "--at")
     with open_store(state, read_only=True) as store:
-        statuses = status_at(store, specs=specs, at=moment)
+        moment = evaluation_instant(store, specs=specs, at=requested, now=utc_now())
+        statuses = status_at(store, specs=specs, at=moment.at)
     if as_json:
-        print_json({"at": format_instant(moment), "slos": [s.to_json() for s in statuses]})
+        print_json(
+            {
+                "at": format_instant(moment.at),
+                "evaluated": moment.to_json(),
+                "slos": [s.to_json() for s in statuses],
+            }
+        )
         return
-    out_console.print(slo_status_table(statuses, at=moment))
+    out_console.print(slo_status_table(statuses, at=moment.at, caption=moment.describe()))
 
 
 @slo_app.command("rules")
@@ -149,12 +166,37 @@ def slo_evaluate_command(
 
 
 @app.command()
-def alerts(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
+def alerts(
+    ctx: typer.Context,
+    at: Annotated[
+        str | None,
+        typer.Option(help="History up to this time (default: the end of the stored data)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The alert state history recorded by SLO evaluations (pending, firing, resolved) up to
+    an instant, and which alerts were firing then. The output names the instant and why."""
     state = ctx.ensure_object(CliState)
+    requested = instant(at, "--at")
     with open_store(state, read_only=True) as store:
-        changes = changes_from_frame(store.read_alert_changes().collect())
+        moment = evaluation_instant(store, specs=(), at=requested, now=utc_now())
+        recorded = changes_from_frame(store.read_alert_changes().collect())
+    changes = sorted(
+        (c for c in recorded if c.changed_ts <= moment.at),
+        key=lambda c: (c.changed_ts, c.key.sort_key()),
+    )
+    latest = {c.key: c for c in changes}
+    firing = [c for c in latest.values() if c.state is AlertState.FIRING]
     if as_json:
-        print_json({"alerts": [change_json(c) for c in changes]})
+        print_json(
+            {
+                "at": format_instant(moment.at),
+                "evaluated": moment.to_json(),
+                "alerts": [change_json(c) for c in changes],
+                "firing": [change_json(c) for c in sorted(firing, key=lambda c: c.key.sort_key())],
+            }
+        )
         return
-    out_console.print(alerts_table(changes))
+    table = alerts_table(changes)
+    table.caption = f"{len(firing)} firing; history {moment.describe()}"
+    out_console.print(table)
