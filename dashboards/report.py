@@ -57,6 +57,8 @@ from servewatch.dashboards.request_length import (
 from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
 from servewatch.dashboards.scheduler_state import scheduler_state_chart
 from servewatch.dashboards.token_throughput import (
+    COUNTER_SOURCE,
+    TRACES_SOURCE,
     throughput_from_request_minutes,
     token_throughput_chart,
 )
@@ -545,14 +547,14 @@ def _engine(
     title = "Token throughput"
     if inputs.token_throughput is not None:
         tokens = _in_window(inputs.token_throughput, "minute_ts", window).collect()
-        source = "vLLM prompt_tokens_total and generation_tokens_total"
+        source = COUNTER_SOURCE
     elif inputs.request_minutes is not None:
         minutes = _in_window(inputs.request_minutes, "minute_ts", window)
         tokens = throughput_from_request_minutes(minutes).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     elif requests is not None:
         tokens = throughput_from_request_minutes(request_minutes(requests.lazy())).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     else:
         tokens, source = pl.DataFrame(), ""
     if tokens.is_empty():

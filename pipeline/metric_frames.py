@@ -2,7 +2,9 @@
 usage, prefix-cache hits and queries, running and waiting requests with preemptions, token
 throughput, and latency percentiles from the histograms (the only source of inter-token
 latency). Counts are reset-corrected increments between samples, by the minute of the later
-sample (exact whatever the scrape interval); gauges are minute means.
+sample (exact whatever the scrape interval), except token throughput, whose increases are spread
+over the time between their samples (`counter_spread`) since it is read as a rate over time;
+gauges are minute means.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from datetime import datetime
 
 import polars as pl
 
+from servewatch.pipeline.counter_spread import spread_counter_minutes
 from servewatch.pipeline.gpu_attribution import unmatched_gpu_readings
 from servewatch.pipeline.metric_minutes import MINUTE_S, minute_ends_s
 from servewatch.pipeline.metric_sli import (
@@ -113,6 +116,10 @@ def metric_minute_frames(
         chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
         return counter_minutes(points, chosen, by=["replica"], name=name)
 
+    def spread(signal: Signal, name: str) -> pl.LazyFrame:
+        chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
+        return spread_counter_minutes(points, chosen, by=["replica"], name=name)
+
     def quantiles(signal: Signal, q: float) -> pl.LazyFrame:
         buckets = dimensions.filter(
             (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
@@ -132,8 +139,10 @@ def metric_minute_frames(
         how="full",
         coalesce=True,
     )
-    throughput = counter(Signal.PROMPT_TOKENS, "prompt_tokens").join(
-        counter(Signal.GENERATION_TOKENS, "generation_tokens"), on=on, how="full", coalesce=True
+    # Rates over time: each increase spread over its scrape interval, so that buckets not
+    # aligned to scrapes draw the traffic, not the scrape schedule.
+    throughput = spread(Signal.PROMPT_TOKENS, "prompt_tokens").join(
+        spread(Signal.GENERATION_TOKENS, "generation_tokens"), on=on, how="full", coalesce=True
     )
     latency = pl.concat(
         [

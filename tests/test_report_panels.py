@@ -1,0 +1,196 @@
+"""The report's detail panels, each on a small frame with its values checked: token throughput
+without the scrape schedule's sawtooth, a scale per request phase, findings printed in full."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import polars as pl
+import pytest
+
+from servewatch.dashboards.health_findings import findings_table_chart, table_lines
+from servewatch.dashboards.request_phase import request_phase_chart
+from servewatch.dashboards.token_throughput import COUNTER_SOURCE, token_throughput_chart
+from servewatch.pipeline.counter_spread import MAX_SPREAD_S, spread_counter_minutes
+
+T0 = datetime(2026, 11, 18, 10)
+
+
+def datasets(spec: Any) -> Iterator[list[dict[str, Any]]]:
+    if isinstance(spec, dict):
+        yield from spec.get("datasets", {}).values()
+        data = spec.get("data")
+        if isinstance(data, dict) and "values" in data:
+            yield data["values"]
+        for value in spec.values():
+            yield from datasets(value)
+    elif isinstance(spec, list):
+        for item in spec:
+            yield from datasets(item)
+
+
+def all_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row for rows in datasets(spec) for row in rows]
+
+
+def view_rows(view: dict[str, Any], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows a view draws, its named dataset looked up in the top-level spec."""
+    data = view["data"]
+    return list(data["values"]) if "values" in data else list(spec["datasets"][data["name"]])
+
+
+def views(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for key in ("layer", "vconcat", "hconcat", "concat"):
+        for child in spec.get(key, []):
+            yield from views(child)
+    if "mark" in spec:
+        yield spec
+
+
+# -- token throughput: increases spread over their scrape intervals ------------------------------
+
+
+def counter_points(
+    times: list[datetime], values: list[float], *, series_id: int = 1
+) -> pl.LazyFrame:
+    return pl.LazyFrame(
+        {"series_id": [series_id] * len(times), "ts": times, "value": values},
+        schema={"series_id": pl.Int32(), "ts": pl.Datetime("ms"), "value": pl.Float64()},
+    )
+
+
+CHOSEN = pl.LazyFrame(
+    {"series_id": [1], "replica": ["vllm-0"]},
+    schema={"series_id": pl.Int32(), "replica": pl.String()},
+)
+
+
+def test_a_steady_counter_scraped_every_two_minutes_draws_a_flat_rate_in_5m_buckets() -> None:
+    # 600 tokens per 2-minute scrape, 20 s past the minute: 5 tokens/s throughout.
+    times = [T0 + timedelta(seconds=20 + 120 * i) for i in range(13)]
+    points = counter_points(times, [600.0 * i for i in range(13)])
+    minutes = spread_counter_minutes(points, CHOSEN, by=["replica"], name="generation_tokens")
+    frame = minutes.with_columns(prompt_tokens=pl.lit(0.0)).collect()
+    assert frame["generation_tokens"].sum() == pytest.approx(600.0 * 12)
+    # Every whole minute inside the scrapes holds 300 tokens, none 600 then 0.
+    inside = frame.filter(
+        (pl.col("minute_ts") > times[0]) & (pl.col("minute_ts") < times[-1] - timedelta(minutes=1))
+    )
+    assert set(inside["generation_tokens"].round(6).to_list()) == {300.0}
+    spec = token_throughput_chart(frame, source=COUNTER_SOURCE, max_points=5).to_dict()
+    rates = sorted(
+        (r["ts"], r["tokens_per_s"]) for r in all_rows(spec) if r.get("tokens") == "generation"
+    )
+    # The first and last buckets reach beyond the first and last scrapes.
+    inner = [rate for _, rate in rates[1:-1]]
+    assert len(inner) == 3
+    assert inner == pytest.approx([5.0] * 3)
+    subtitle = " ".join(spec["title"]["subtitle"])
+    assert "spread evenly over the time between its two scrapes" in subtitle
+    assert "exact" not in subtitle
+
+
+@pytest.mark.parametrize(
+    ("seconds", "values", "expected"),
+    [
+        # 90 s interval from 10:00:30 to 10:02:00: 30 s, 60 s of it in the two minutes.
+        ([30, 120], [0.0, 90.0], {0: 30.0, 1: 60.0}),
+        # A counter reset: the new value is the increase, spread the same way.
+        ([0, 60, 120], [50.0, 110.0, 30.0], {0: 60.0, 1: 30.0}),
+        # Ending exactly on a minute boundary: nothing is filed in the next minute.
+        ([0, 60], [0.0, 60.0], {0: 60.0}),
+    ],
+)
+def test_each_increase_is_shared_by_the_minutes_its_interval_covers(
+    seconds: list[int], values: list[float], expected: dict[int, float]
+) -> None:
+    points = counter_points([T0 + timedelta(seconds=s) for s in seconds], values)
+    got = spread_counter_minutes(points, CHOSEN, by=["replica"], name="n").collect()
+    assert {
+        int((row["minute_ts"] - T0).total_seconds() // 60): round(row["n"], 9)
+        for row in got.iter_rows(named=True)
+    } == expected
+
+
+def test_an_increase_after_a_long_gap_stays_with_its_later_sample() -> None:
+    later = T0 + timedelta(seconds=MAX_SPREAD_S * 2)
+    points = counter_points([T0, later], [0.0, 500.0])
+    got = spread_counter_minutes(points, CHOSEN, by=["replica"], name="n").collect()
+    assert got["minute_ts"].to_list() == [later - timedelta(minutes=1)]
+    assert got["n"].to_list() == [500.0]
+
+
+# -- request phases: one scale per phase ---------------------------------------------------------
+
+
+def test_queue_and_prefill_get_their_own_scales_beside_decode() -> None:
+    rows = [
+        (T0 + timedelta(minutes=m), phase, seconds * 10, 10)
+        for m in range(3)
+        for phase, seconds in (("queue", 0.02 + m / 100), ("prefill", 0.1), ("decode", 15.0))
+    ]
+    frame = pl.DataFrame(rows, schema=["minute_ts", "phase", "total_s", "requests"], orient="row")
+    spec = request_phase_chart(frame).to_dict()
+    assert spec["resolve"]["scale"]["y"] == "independent"
+    panels = spec["vconcat"]
+    titles = [p["encoding"]["y"]["title"] for p in panels]
+    assert titles == [
+        "queue: mean per request (s)",
+        "prefill: mean per request (s)",
+        "decode: mean per request (s)",
+    ]
+    queue = sorted(r["mean_s"] for r in view_rows(panels[0], spec))
+    assert queue == pytest.approx([0.02, 0.03, 0.04])
+    assert {r["mean_s"] for r in view_rows(panels[2], spec)} == {15.0}
+
+
+# -- findings: summary, action and evidence printed in full --------------------------------------
+
+
+def findings(summary: str, suggestion: str, *, end: datetime | None) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "kind": ["dependency"],
+            "scope_unit": ["host"],
+            "scope": ["host-1"],
+            "start_ts": [T0],
+            "end_ts": [end],
+            "confidence": [0.99],
+            "summary": [summary],
+            "evidence": ["targets 3 count; failed_minutes 62 count"],
+            "suggestion": [suggestion],
+        },
+        schema_overrides={"end_ts": pl.Datetime("us")},
+    )
+
+
+def test_the_findings_table_prints_summary_action_and_evidence_whole() -> None:
+    summary = "host host-1 lost: " + "all of its targets failed their scrapes together " * 4
+    action = "treat it as a host failure: check the node, and size for losing a whole host"
+    frame = findings(summary.strip(), action, end=T0 + timedelta(minutes=62))
+    spec = findings_table_chart(frame).to_dict()
+    printed = [r["text"] for r in all_rows(spec)]
+    assert printed[0] == "11-18 10:00 to 11:02 · dependency · host host-1 · confidence 99%"
+    # Wrapped, not cut: the words of the summary and action are all there, in order.
+    body = " ".join(line.strip() for line in printed[1:])
+    assert " ".join(summary.split()) in body
+    assert f"Action: {action}" in body
+    assert "Evidence: targets 3 count; failed_minutes 62 count" in body
+    assert all(len(line) <= 100 for line in printed)
+    assert all(view["mark"].get("limit") == 0 for view in views(spec))
+    assert not any("tooltip" in view.get("encoding", {}) for view in views(spec))
+
+
+def test_an_ongoing_finding_says_so_in_its_head_line() -> None:
+    rows = findings("still down", "check the node", end=None).with_columns(
+        where=pl.lit("host host-1"),
+        ts=pl.lit(int(T0.timestamp() * 1000)),
+        ts_end=pl.lit(0),
+        state=pl.lit("ongoing"),
+        confidence_pct=pl.lit(99.0),
+    )
+    lines = table_lines(rows)
+    assert lines["text"][0].startswith("11-18 10:00 to ongoing")
+    assert lines["style"].to_list() == ["head", "body", "body", "evidence"]
