@@ -40,6 +40,8 @@ from servewatch.dashboards.finish_reason import (
     finish_reasons_from_requests,
 )
 from servewatch.dashboards.gpu_health import gpu_health_chart
+from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
+from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart
 from servewatch.dashboards.health_findings import (
     findings_frame,
     findings_table_chart,
@@ -616,6 +618,13 @@ def _gpu(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
     out.add(
         "gpu-health", Section.GPU, title, gpu_health_chart(rows, xid_events=xids, domain=window)
     )
+    chart = gpu_replicas_chart(rows, domain=window)
+    out.add("gpu-replicas", Section.GPU, "GPUs per replica (DCGM)", chart)
+    unmatched = None if inputs.unmatched_gpus is None else inputs.unmatched_gpus.lazy().collect()
+    if unmatched is not None and not unmatched.is_empty():
+        out.add(
+            "gpu-unmatched", Section.GPU, "GPUs serving no replica", gpu_unmatched_chart(unmatched)
+        )
 
 
 def _capacity(out: _Builder, inputs: ReportInputs) -> None:

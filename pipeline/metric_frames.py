@@ -46,10 +46,16 @@ def _minute(frame: pl.LazyFrame) -> pl.LazyFrame:
 
 # The GPU health chart's columns: (column, signal), each replica's GPUs folded by the signal's
 # aggregation (mean activity, summed power, hottest GPU).
+# The rest are the per-replica GPU panels' (the DCGM exporter dashboard's signals).
 GPU_COLUMNS: tuple[tuple[str, Signal], ...] = (
     ("tensor_active_ratio", Signal.GPU_TENSOR_ACTIVE_RATIO),
     ("power_w", Signal.GPU_POWER_W),
     ("temperature_c", Signal.GPU_TEMPERATURE_C),
+    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO),
+    ("graphics_active_ratio", Signal.GPU_GRAPHICS_ACTIVE_RATIO),
+    ("sm_clock_hz", Signal.GPU_SM_CLOCK_HZ),
+    ("fb_used_bytes", Signal.GPU_FB_USED_BYTES),
+    ("fb_free_bytes", Signal.GPU_FB_FREE_BYTES),
 )
 
 

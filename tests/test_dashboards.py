@@ -64,6 +64,7 @@ SLUGS = (
     "prompt-length",
     "generation-length",
     "gpu-health",
+    "gpu-replicas",
     "capacity-curve",
     "failure-table",
     "sensitivity-tornado",

@@ -1,5 +1,6 @@
 """The report's detail panels, each on a small frame with its values checked: token throughput
-without the scrape schedule's sawtooth, a scale per request phase, findings printed in full."""
+without the scrape schedule's sawtooth, a scale per request phase, findings printed in full,
+GPU panels per replica and the GPUs that serve none."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from typing import Any
 import polars as pl
 import pytest
 
+from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
+from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart, unmatched_rows
 from servewatch.dashboards.health_findings import findings_table_chart, table_lines
+from servewatch.dashboards.panel import epoch_ms_of
+from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.dashboards.request_phase import request_phase_chart
 from servewatch.dashboards.token_throughput import COUNTER_SOURCE, token_throughput_chart
 from servewatch.pipeline.counter_spread import MAX_SPREAD_S, spread_counter_minutes
+from servewatch.pipeline.gpu_attribution import UNMATCHED_GPUS_SCHEMA, JoinRule
+from servewatch.pipeline.request_sli import GoodputLimits
 
 T0 = datetime(2026, 11, 18, 10)
 
@@ -194,3 +201,87 @@ def test_an_ongoing_finding_says_so_in_its_head_line() -> None:
     lines = table_lines(rows)
     assert lines["text"][0].startswith("11-18 10:00 to ongoing")
     assert lines["style"].to_list() == ["head", "body", "body", "evidence"]
+
+
+# -- GPUs: the DCGM dashboard's panels per replica, unmatched GPUs apart --------------------------
+
+
+def gpu_minutes() -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "minute_ts": [T0, T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=1)],
+            "replica": ["vllm-10", "vllm-2", "vllm-10", "vllm-2"],
+            "power_w": [700.0, 300.0, 500.0, 300.0],
+            "temperature_c": [80.0, 60.0, 70.0, 60.0],
+            "sm_clock_hz": [1.98e9, 1.41e9, 1.98e9, 1.41e9],
+            "fb_used_bytes": [64 * 1024.0**3] * 4,
+            "gpu_util_ratio": [None, None, None, None],
+        },
+        schema_overrides={"gpu_util_ratio": pl.Float64()},
+    )
+
+
+def test_gpu_panels_draw_each_replicas_own_readings_in_the_shown_units() -> None:
+    spec = gpu_replicas_chart(gpu_minutes()).to_dict()
+    panels = {p["title"]["text"]: p for p in spec["vconcat"]}
+    assert list(panels) == [
+        "GPU power (sum of each replica's GPUs)",
+        "GPU temperature (hottest of each replica's GPUs)",
+        "SM clock (mean of each replica's GPUs)",
+        "Framebuffer memory used (sum of each replica's GPUs)",
+    ]
+    power = panels["GPU power (sum of each replica's GPUs)"]
+    assert power["encoding"]["y"]["sort"] == ["vllm-2", "vllm-10"]
+    by_replica = {(r["replica"], r["ts"]): r["value"] for r in view_rows(power, spec)}
+    assert by_replica[("vllm-10", epoch_ms_of(T0))] == 700.0
+    clock = panels["SM clock (mean of each replica's GPUs)"]
+    assert {r["value"] for r in view_rows(clock, spec)} == {1980.0, 1410.0}  # MHz
+    memory = panels["Framebuffer memory used (sum of each replica's GPUs)"]
+    assert {r["value"] for r in view_rows(memory, spec)} == {64.0}  # GiB
+    subtitle = " ".join(spec["title"]["subtitle"])
+    # 12239's gauges: mean temperature (70 over the four readings), total power (900 W mean).
+    assert "mean of the replicas' hottest GPUs 67.5 °C" in subtitle
+    assert "fleet power 900 W on average" in subtitle
+    assert "Not reported by any GPU: gpu utilisation, graphics engine active" in subtitle
+
+
+def test_gpus_serving_no_replica_are_listed_with_why() -> None:
+    frame = pl.DataFrame(
+        {
+            "target_id": ["dcgm/h1", "dcgm/h0"],
+            "hostname": ["h1", "h0"],
+            "uuid": ["GPU-b", "GPU-a"],
+            "gpu_instance": [None, "3"],
+            "pod": ["batch-7", None],
+            "namespace": ["jobs", None],
+            "rule": [JoinRule.OTHER_WORKLOAD.value, JoinRule.UNMATCHED.value],
+            "gpu_power_w_mean": [250.4, None],
+            "gpu_util_ratio_mean": [0.5, 0.0],
+        },
+        schema_overrides={"gpu_instance": pl.String(), "gpu_power_w_mean": pl.Float64()},
+    )
+    cells = unmatched_rows(frame)
+    printed = [cells.filter(pl.col("row") == n).sort("x")["text"].to_list() for n in range(1, 3)]
+    assert printed == [
+        ["h0", "GPU-a", "3", "-", "no replica on its host claims it", "-", "0%"],
+        ["h1", "GPU-b", "-", "jobs/batch-7", "its pod is no replica's", "250", "50%"],
+    ]
+    spec = gpu_unmatched_chart(frame).to_dict()
+    assert spec["title"]["subtitle"][0].startswith("2 GPU(s) or MIG slice(s)")
+
+
+def test_the_report_draws_gpu_panels_and_lists_unmatched_gpus() -> None:
+    unmatched = pl.DataFrame(
+        [("dcgm/h9", "h9", "GPU-z", None, None, None, JoinRule.UNMATCHED.value)],
+        schema=UNMATCHED_GPUS_SCHEMA,
+        orient="row",
+    )
+    report = build_report(
+        ReportInputs(
+            gpu=gpu_minutes().with_columns(tensor_active_ratio=pl.lit(0.3)),
+            unmatched_gpus=unmatched,
+        ),
+        limits=GoodputLimits(),
+    )
+    slugs = [c.slug for c in report.charts]
+    assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched"]
