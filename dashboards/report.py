@@ -58,6 +58,7 @@ from servewatch.dashboards.request_length import (
 )
 from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
 from servewatch.dashboards.scheduler_state import scheduler_state_chart
+from servewatch.dashboards.scrape_health import scrape_health_chart
 from servewatch.dashboards.token_throughput import (
     COUNTER_SOURCE,
     TRACES_SOURCE,
@@ -159,6 +160,8 @@ class ReportInputs:
     unmatched_gpus: Frame | None = None
     # The scrape targets (TARGETS_SCHEMA): which engine serves each pool, named among the facts.
     targets: Frame | None = None
+    # The store's scrapes (SCRAPES_SCHEMA): failed scrapes and unreachable targets.
+    scrapes: Frame | None = None
     budget_remaining: Frame | None = None
     burn_rates: Frame | None = None
     burn_thresholds: Frame | None = None
@@ -331,6 +334,7 @@ def build_report(
         else None
     )
     _health(out, inputs, window=window)
+    _scrape_health(out, inputs, window=window)
     _latency(out, inputs, requests=requests, window=window, limits=limits)
     _slo(out, inputs, window=window)
     _engine(out, inputs, requests=requests, window=window)
@@ -420,6 +424,15 @@ def _health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -
     out.add("health-findings", Section.HEALTH, title, findings_table_chart(frame))
     timeline = findings_timeline_chart(frame, domain=window)
     out.add("health-findings-timeline", Section.HEALTH, "Health findings over time", timeline)
+
+
+def _scrape_health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Scrape health and unreachable targets"
+    scrapes = None if inputs.scrapes is None else _in_window(inputs.scrapes, "ts", window).collect()
+    if scrapes is None or scrapes.is_empty():
+        out.omit(title, "no data: no target was scraped in this window (servewatch scrape or run)")
+        return
+    out.add("scrape-health", Section.HEALTH, title, scrape_health_chart(scrapes, domain=window))
 
 
 def _latency(

@@ -88,6 +88,7 @@ def window_report(
         xid_events=metric_frames.get("xid_events"),
         unmatched_gpus=metric_frames.get("unmatched_gpus"),
         targets=window.targets.lazy(),
+        scrapes=window.scrapes.lazy(),
         findings=tuple(findings)
         if findings is not None
         else health_findings(window, version_label=version_label),

@@ -17,10 +17,12 @@ from servewatch.dashboards.health_findings import findings_table_chart, table_li
 from servewatch.dashboards.panel import epoch_ms_of
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.dashboards.request_phase import request_phase_chart
+from servewatch.dashboards.scrape_health import scrape_health_chart, target_summary
 from servewatch.dashboards.token_throughput import COUNTER_SOURCE, token_throughput_chart
 from servewatch.pipeline.counter_spread import MAX_SPREAD_S, spread_counter_minutes
 from servewatch.pipeline.gpu_attribution import UNMATCHED_GPUS_SCHEMA, JoinRule
 from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.tables import SCRAPES_SCHEMA
 
 T0 = datetime(2026, 11, 18, 10)
 
@@ -285,3 +287,51 @@ def test_the_report_draws_gpu_panels_and_lists_unmatched_gpus() -> None:
     )
     slugs = [c.slug for c in report.charts]
     assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched"]
+
+
+# -- scrape health: failed scrapes and unreachable targets ---------------------------------------
+
+
+def scrapes_frame(rows: list[tuple[str, int, bool, str | None]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "target_id": [r[0] for r in rows],
+            "ts": [T0 + timedelta(seconds=r[1]) for r in rows],
+            "ok": [r[2] for r in rows],
+            "duration_s": [0.02 for _ in rows],
+            "samples": [0 if r[3] else 100 for r in rows],
+            "error": [r[3] for r in rows],
+            "kind": ["vllm" for _ in rows],
+        },
+        schema=SCRAPES_SCHEMA,
+    )
+
+
+def test_scrape_health_counts_failures_and_names_the_unreachable_first() -> None:
+    refused, timeout = "connection refused", "timed out after 10 s"
+    rows = [("vllm-10", 60 * m, True, None) for m in range(4)]
+    rows += [("vllm-2", 0, True, None), ("vllm-2", 60, False, timeout)]
+    rows += [("vllm-2", 120, False, refused), ("vllm-2", 180, False, refused)]
+    rows += [("vllm-3", 0, False, timeout), ("vllm-3", 60, True, None)]
+    rows += [("vllm-3", 120, True, None), ("vllm-3", 180, True, None)]
+    frame = scrapes_frame(rows)
+    summary = target_summary(frame)
+    assert summary.select("target_id", "scrapes", "failed", "last_ok", "error").rows() == [
+        ("vllm-2", 4, 3, False, refused),
+        ("vllm-3", 4, 1, True, timeout),
+        ("vllm-10", 4, 0, True, None),
+    ]
+    spec = scrape_health_chart(frame).to_dict()
+    heat, table = spec["vconcat"]
+    cells = {(r["target_id"], r["ts"]): r["failed_ratio"] for r in view_rows(heat, spec)}
+    assert cells[("vllm-2", epoch_ms_of(T0 + timedelta(minutes=1)))] == 1.0
+    assert cells[("vllm-10", epoch_ms_of(T0))] == 0.0
+    cells_printed = [r for layer in table["layer"] for r in view_rows(layer, spec)]
+    printed = " | ".join(r["text"] for r in sorted(cells_printed, key=lambda r: (r["row"], r["x"])))
+    assert "vllm-2 | 3 of 4 | failed: unreachable" in printed
+    assert "vllm-3 | 1 of 4 | ok" in printed
+    assert "vllm-10" not in printed  # never failed: not in the table
+    assert (
+        "4 of 12 scrapes failed; 2 of 3 targets failed at least once, 1 unreachable"
+        in (spec["title"]["subtitle"][0])
+    )
