@@ -49,6 +49,7 @@ from servewatch.dashboards.health_findings import (
 )
 from servewatch.dashboards.kv_usage import kv_usage_heatmap
 from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
 from servewatch.dashboards.panel import TimeDomain, natural_order
 from servewatch.dashboards.prefix_cache import prefix_cache_chart
 from servewatch.dashboards.request_length import (
@@ -147,6 +148,8 @@ class ReportInputs:
     slo_objectives: Mapping[str, float] = field(default_factory=dict)
     latency_percentiles: Frame | None = None
     request_phases: Frame | None = None
+    # vLLM's latency histogram buckets per minute (LATENCY_BUCKETS_CONTRACT): the heatmaps.
+    latency_buckets: Frame | None = None
     token_throughput: Frame | None = None
     finish_reasons: Frame | None = None
     request_lengths: Frame | None = None
@@ -469,6 +472,22 @@ def _latency(
             frame, stat=stat, limit_s=limit_of.get(stat), source=source, domain=window
         )
         out.add(f"latency-{stat.value}", Section.LATENCY, stat.title, chart)
+
+    title = "Latency histograms"
+    buckets = (
+        None
+        if inputs.latency_buckets is None
+        else _in_window(inputs.latency_buckets, "minute_ts", window).collect()
+    )
+    if buckets is None or buckets.is_empty():
+        out.omit(title, "no data: needs vLLM's latency histograms (servewatch scrape or run)")
+    else:
+        out.add(
+            "latency-histograms",
+            Section.LATENCY,
+            title,
+            latency_heatmap_chart(buckets, domain=window),
+        )
 
     phases: pl.DataFrame | None = None
     source = HISTOGRAMS

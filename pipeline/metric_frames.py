@@ -133,6 +133,13 @@ def metric_minute_frames(
         summed = counter_minutes(points, buckets, by=["le"], name="delta")
         return histogram_quantile_frame(summed, q=q, by=["minute_ts"], count_column="delta")
 
+    def histogram(stat: str, signal: Signal) -> pl.LazyFrame:
+        buckets = dimensions.filter(
+            (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
+        ).select("series_id", "le")
+        counted = counter_minutes(points, buckets, by=["le"], name="count")
+        return counted.select("minute_ts", stat=pl.lit(stat), le="le", count="count")
+
     on = ["replica", "minute_ts"]
     scheduler = (
         gauge(Signal.REQUESTS_RUNNING, "running_requests")
@@ -171,4 +178,7 @@ def metric_minute_frames(
         "scheduler_state": scheduler,
         "token_throughput": throughput,
         "latency_percentiles": latency,
+        "latency_buckets": pl.concat(
+            [histogram(stat, signal) for stat, signal in LATENCY_SIGNALS], how="vertical_relaxed"
+        ),
     }

@@ -4,6 +4,7 @@ GPU panels per replica and the GPUs that serve none."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
 from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart, unmatched_rows
 from servewatch.dashboards.health_findings import findings_table_chart, table_lines
+from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
 from servewatch.dashboards.panel import epoch_ms_of
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.dashboards.request_phase import request_phase_chart
@@ -46,7 +48,7 @@ def all_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def view_rows(view: dict[str, Any], spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows a view draws, its named dataset looked up in the top-level spec."""
-    data = view["data"]
+    data = view.get("data", spec.get("data"))
     return list(data["values"]) if "values" in data else list(spec["datasets"][data["name"]])
 
 
@@ -335,3 +337,28 @@ def test_scrape_health_counts_failures_and_names_the_unreachable_first() -> None
         "4 of 12 scrapes failed; 2 of 3 targets failed at least once, 1 unreachable"
         in (spec["title"]["subtitle"][0])
     )
+
+
+# -- latency heatmaps: the histogram's own resolution --------------------------------------------
+
+
+def test_the_latency_heatmap_draws_each_buckets_share_and_names_its_edges() -> None:
+    # Cumulative counts over two replicas: 10 at or under 10 ms, 40 under 25 ms, 50 in all.
+    rows = [
+        (T0, "itl", le, count / 2)
+        for le, count in ((0.01, 10.0), (0.025, 40.0), (0.05, 50.0), (math.inf, 50.0))
+        for _ in range(2)
+    ]
+    frame = pl.DataFrame(rows, schema=["minute_ts", "stat", "le", "count"], orient="row")
+    spec = latency_heatmap_chart(frame).to_dict()
+    (panel,) = spec["vconcat"]
+    shares = {r["band"]: r["share"] for r in view_rows(panel, spec)}
+    assert shares == {
+        "0 ms to 10 ms": 0.2,
+        "10 ms to 25 ms": 0.6,
+        "25 ms to 50 ms": 0.2,
+        "50 ms to +Inf": 0.0,
+    }
+    assert panel["title"]["subtitle"] == ["Bucket edges: 10 ms, 25 ms, 50 ms, +Inf."]
+    assert panel["encoding"]["y"]["sort"][0] == "50 ms to +Inf"
+    assert "sit on or next to these edges" in " ".join(spec["title"]["subtitle"])
