@@ -50,6 +50,7 @@ from servewatch.dashboards.health_findings import (
 from servewatch.dashboards.kv_usage import kv_usage_heatmap
 from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
 from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
+from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import TimeDomain, natural_order
 from servewatch.dashboards.prefix_cache import prefix_cache_chart
 from servewatch.dashboards.request_length import (
@@ -342,6 +343,7 @@ def build_report(
     _slo(out, inputs, window=window)
     _engine(out, inputs, requests=requests, window=window)
     _request_mix(out, inputs, requests=requests, window=window)
+    _load_balance(out, inputs, window=window)
     _gpu(out, inputs, window=window)
     _capacity(out, inputs)
     return Report(
@@ -596,6 +598,21 @@ def _engine(
     else:
         chart = token_throughput_chart(tokens, source=source, domain=window)
         out.add("token-throughput", Section.ENGINE, title, chart)
+
+
+def _load_balance(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Load balance across replicas"
+    minutes = (
+        None
+        if inputs.request_minutes is None
+        else _in_window(inputs.request_minutes, "minute_ts", window)
+        .filter(pl.col("replica").is_not_null())
+        .collect()
+    )
+    if minutes is None or minutes.is_empty():
+        out.omit(title, "no data: needs traced requests per replica (servewatch ingest traces)")
+        return
+    out.add("load-balance", Section.REQUESTS, title, load_balance_chart(minutes, domain=window))
 
 
 def _request_mix(

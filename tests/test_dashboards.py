@@ -63,6 +63,7 @@ SLUGS = (
     "finish-reasons",
     "prompt-length",
     "generation-length",
+    "load-balance",
     "gpu-health",
     "gpu-replicas",
     "capacity-curve",

@@ -16,6 +16,7 @@ from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
 from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart, unmatched_rows
 from servewatch.dashboards.health_findings import findings_table_chart, table_lines
 from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
+from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import epoch_ms_of
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.dashboards.request_phase import request_phase_chart
@@ -362,3 +363,25 @@ def test_the_latency_heatmap_draws_each_buckets_share_and_names_its_edges() -> N
     assert panel["title"]["subtitle"] == ["Bucket edges: 10 ms, 25 ms, 50 ms, +Inf."]
     assert panel["encoding"]["y"]["sort"][0] == "50 ms to +Inf"
     assert "sit on or next to these edges" in " ".join(spec["title"]["subtitle"])
+
+
+# -- load balance: each replica's share against the even share -----------------------------------
+
+
+def test_load_balance_is_each_replicas_share_of_counts_per_bucket() -> None:
+    frame = pl.DataFrame(
+        {
+            "minute_ts": [T0, T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=1)],
+            "replica": ["vllm-10", "vllm-2", "vllm-10", "vllm-2"],
+            "requests": [30, 10, 0, 0],
+            "completion_tokens": [3000, 1000, 0, 0],
+        }
+    )
+    spec = load_balance_chart(frame).to_dict()
+    requests, tokens = spec["vconcat"]
+    assert tokens["title"]["text"] == "Share of output tokens per minute"
+    assert requests["encoding"]["y"]["sort"] == ["vllm-2", "vllm-10"]
+    shares = {(r["replica"], r["ts"]): r["vs_even"] for r in view_rows(requests, spec)}
+    # vllm-10 drew 75% of requests: 1.5x the even half; an idle minute draws no cell.
+    assert shares == {("vllm-10", epoch_ms_of(T0)): 1.5, ("vllm-2", epoch_ms_of(T0)): 0.5}
+    assert "vllm-10, took 75.0% of requests (1.50x even)" in spec["title"]["subtitle"][1]
