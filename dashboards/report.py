@@ -40,6 +40,8 @@ from servewatch.dashboards.finish_reason import (
     finish_reasons_from_requests,
 )
 from servewatch.dashboards.gpu_health import gpu_health_chart
+from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
+from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart
 from servewatch.dashboards.health_findings import (
     findings_frame,
     findings_table_chart,
@@ -47,6 +49,8 @@ from servewatch.dashboards.health_findings import (
 )
 from servewatch.dashboards.kv_usage import kv_usage_heatmap
 from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
+from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import TimeDomain, natural_order
 from servewatch.dashboards.prefix_cache import prefix_cache_chart
 from servewatch.dashboards.request_length import (
@@ -56,7 +60,10 @@ from servewatch.dashboards.request_length import (
 )
 from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
 from servewatch.dashboards.scheduler_state import scheduler_state_chart
+from servewatch.dashboards.scrape_health import scrape_health_chart
 from servewatch.dashboards.token_throughput import (
+    COUNTER_SOURCE,
+    TRACES_SOURCE,
     throughput_from_request_minutes,
     token_throughput_chart,
 )
@@ -142,6 +149,8 @@ class ReportInputs:
     slo_objectives: Mapping[str, float] = field(default_factory=dict)
     latency_percentiles: Frame | None = None
     request_phases: Frame | None = None
+    # vLLM's latency histogram buckets per minute (LATENCY_BUCKETS_CONTRACT): the heatmaps.
+    latency_buckets: Frame | None = None
     token_throughput: Frame | None = None
     finish_reasons: Frame | None = None
     request_lengths: Frame | None = None
@@ -155,6 +164,8 @@ class ReportInputs:
     unmatched_gpus: Frame | None = None
     # The scrape targets (TARGETS_SCHEMA): which engine serves each pool, named among the facts.
     targets: Frame | None = None
+    # The store's scrapes (SCRAPES_SCHEMA): failed scrapes and unreachable targets.
+    scrapes: Frame | None = None
     budget_remaining: Frame | None = None
     burn_rates: Frame | None = None
     burn_thresholds: Frame | None = None
@@ -327,10 +338,12 @@ def build_report(
         else None
     )
     _health(out, inputs, window=window)
+    _scrape_health(out, inputs, window=window)
     _latency(out, inputs, requests=requests, window=window, limits=limits)
     _slo(out, inputs, window=window)
     _engine(out, inputs, requests=requests, window=window)
     _request_mix(out, inputs, requests=requests, window=window)
+    _load_balance(out, inputs, window=window)
     _gpu(out, inputs, window=window)
     _capacity(out, inputs)
     return Report(
@@ -418,6 +431,15 @@ def _health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -
     out.add("health-findings-timeline", Section.HEALTH, "Health findings over time", timeline)
 
 
+def _scrape_health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Scrape health and unreachable targets"
+    scrapes = None if inputs.scrapes is None else _in_window(inputs.scrapes, "ts", window).collect()
+    if scrapes is None or scrapes.is_empty():
+        out.omit(title, "no data: no target was scraped in this window (servewatch scrape or run)")
+        return
+    out.add("scrape-health", Section.HEALTH, title, scrape_health_chart(scrapes, domain=window))
+
+
 def _latency(
     out: _Builder,
     inputs: ReportInputs,
@@ -452,6 +474,22 @@ def _latency(
             frame, stat=stat, limit_s=limit_of.get(stat), source=source, domain=window
         )
         out.add(f"latency-{stat.value}", Section.LATENCY, stat.title, chart)
+
+    title = "Latency histograms"
+    buckets = (
+        None
+        if inputs.latency_buckets is None
+        else _in_window(inputs.latency_buckets, "minute_ts", window).collect()
+    )
+    if buckets is None or buckets.is_empty():
+        out.omit(title, "no data: needs vLLM's latency histograms (servewatch scrape or run)")
+    else:
+        out.add(
+            "latency-histograms",
+            Section.LATENCY,
+            title,
+            latency_heatmap_chart(buckets, domain=window),
+        )
 
     phases: pl.DataFrame | None = None
     source = HISTOGRAMS
@@ -545,14 +583,14 @@ def _engine(
     title = "Token throughput"
     if inputs.token_throughput is not None:
         tokens = _in_window(inputs.token_throughput, "minute_ts", window).collect()
-        source = "vLLM prompt_tokens_total and generation_tokens_total"
+        source = COUNTER_SOURCE
     elif inputs.request_minutes is not None:
         minutes = _in_window(inputs.request_minutes, "minute_ts", window)
         tokens = throughput_from_request_minutes(minutes).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     elif requests is not None:
         tokens = throughput_from_request_minutes(request_minutes(requests.lazy())).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     else:
         tokens, source = pl.DataFrame(), ""
     if tokens.is_empty():
@@ -560,6 +598,21 @@ def _engine(
     else:
         chart = token_throughput_chart(tokens, source=source, domain=window)
         out.add("token-throughput", Section.ENGINE, title, chart)
+
+
+def _load_balance(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Load balance across replicas"
+    minutes = (
+        None
+        if inputs.request_minutes is None
+        else _in_window(inputs.request_minutes, "minute_ts", window)
+        .filter(pl.col("replica").is_not_null())
+        .collect()
+    )
+    if minutes is None or minutes.is_empty():
+        out.omit(title, "no data: needs traced requests per replica (servewatch ingest traces)")
+        return
+    out.add("load-balance", Section.REQUESTS, title, load_balance_chart(minutes, domain=window))
 
 
 def _request_mix(
@@ -614,6 +667,13 @@ def _gpu(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
     out.add(
         "gpu-health", Section.GPU, title, gpu_health_chart(rows, xid_events=xids, domain=window)
     )
+    chart = gpu_replicas_chart(rows, domain=window)
+    out.add("gpu-replicas", Section.GPU, "GPUs per replica (DCGM)", chart)
+    unmatched = None if inputs.unmatched_gpus is None else inputs.unmatched_gpus.lazy().collect()
+    if unmatched is not None and not unmatched.is_empty():
+        out.add(
+            "gpu-unmatched", Section.GPU, "GPUs serving no replica", gpu_unmatched_chart(unmatched)
+        )
 
 
 def _capacity(out: _Builder, inputs: ReportInputs) -> None:

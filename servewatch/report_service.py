@@ -84,10 +84,12 @@ def window_report(
         scheduler_state=metric_frames.get("scheduler_state"),
         token_throughput=metric_frames.get("token_throughput"),
         latency_percentiles=metric_frames.get("latency_percentiles"),
+        latency_buckets=metric_frames.get("latency_buckets"),
         gpu=metric_frames.get("gpu"),
         xid_events=metric_frames.get("xid_events"),
         unmatched_gpus=metric_frames.get("unmatched_gpus"),
         targets=window.targets.lazy(),
+        scrapes=window.scrapes.lazy(),
         findings=tuple(findings)
         if findings is not None
         else health_findings(window, version_label=version_label),
