@@ -217,7 +217,7 @@ def replica_chart(rows: pl.DataFrame, *, objective_ratio: float | None = None) -
                     scale=alt.Scale(
                         domain=["below objective", "ok"], range=[BAD_COLOR, GOOD_COLOR]
                     ),
-                    legend=None if index else alt.Legend(orient="bottom"),
+                    legend=alt.Legend(orient="bottom"),
                 ),
                 tooltip=["replica:N", alt.Tooltip(f"{column}:Q", title=title, format=fmt)],
             )
