@@ -23,6 +23,7 @@ from servewatch.pipeline.metric_sli import (
     gauge_stats,
     series_window_stats,
 )
+from servewatch.pipeline.prompt_token_sources import prompt_token_source_minutes
 from servewatch.pipeline.promql import histogram_quantile_frame
 from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal
 
@@ -181,4 +182,5 @@ def metric_minute_frames(
         "latency_buckets": pl.concat(
             [histogram(stat, signal) for stat, signal in LATENCY_SIGNALS], how="vertical_relaxed"
         ),
+        "prompt_token_sources": prompt_token_source_minutes(points, dimensions),
     }

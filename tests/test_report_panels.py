@@ -289,7 +289,7 @@ def test_the_report_draws_gpu_panels_and_lists_unmatched_gpus() -> None:
         limits=GoodputLimits(),
     )
     slugs = [c.slug for c in report.charts]
-    assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched"]
+    assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched", "seven-boxes"]
 
 
 # -- scrape health: failed scrapes and unreachable targets ---------------------------------------
