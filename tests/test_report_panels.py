@@ -340,6 +340,24 @@ def test_scrape_health_counts_failures_and_names_the_unreachable_first() -> None
     )
 
 
+def test_replayed_scrapes_without_durations_print_a_dash() -> None:
+    frame = scrapes_frame([("vllm-2", 0, False, "connection refused")]).with_columns(
+        duration_s=pl.lit(None, pl.Float64)
+    )
+    spec = scrape_health_chart(frame).to_dict()
+    _, table = spec["vconcat"]
+    printed = sorted(
+        (r["row"], r["x"], r["text"]) for layer in table["layer"] for r in view_rows(layer, spec)
+    )
+    assert [text for row, _, text in printed if row == 1] == [
+        "vllm-2",
+        "1 of 1",
+        "failed: unreachable",
+        "-",
+        "connection refused",
+    ]
+
+
 # -- latency heatmaps: the histogram's own resolution --------------------------------------------
 
 
