@@ -145,7 +145,9 @@ def metric_minute_frames(
     scheduler = (
         gauge(Signal.REQUESTS_RUNNING, "running_requests")
         .join(gauge(Signal.REQUESTS_WAITING, "waiting_requests"), on=on, how="full", coalesce=True)
-        .join(counter(Signal.PREEMPTIONS, "preemptions"), on=on, how="left")
+        # Full: a counter's increase is filed under its later sample's minute, which need not
+        # be a minute the gauges' windows hold a sample in (scrapes on the minute boundary).
+        .join(counter(Signal.PREEMPTIONS, "preemptions"), on=on, how="full", coalesce=True)
     )
     prefix = counter(Signal.PREFIX_CACHE_HITS_TOKENS, "hits_tokens").join(
         counter(Signal.PREFIX_CACHE_QUERIES_TOKENS, "queries_tokens"),
