@@ -97,6 +97,11 @@ def listed(names: Sequence[str]) -> str:
 
 
 def seconds_text(value: float) -> str:
+    """5.2 s, 95 s, 2.5 h, 13.7 d."""
+    if value >= 86400:
+        return f"{value / 86400:,.1f} d"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
     return f"{value:,.0f} s" if value >= 10 else f"{value:.2g} s"
 
 
@@ -119,18 +124,26 @@ def finding_text(findings: Sequence[Finding]) -> str:
 
 
 def engine_scrapes(frames: BoxFrames) -> pl.DataFrame | None:
-    """Scrapes of engine targets (not DCGM exporters), with the replica each target serves."""
+    """Scrapes of engine targets (not DCGM exporters), with the replica each target serves.
+
+    A target's kind and replica come from the targets table when given (a failed scrape
+    records no kind of page), else from the scrape itself and its target id."""
     scrapes = frames.scrapes
     if not has_rows(scrapes):
         return None
     assert scrapes is not None
-    rows = scrapes
-    if "kind" in rows.columns:
-        rows = rows.filter(pl.col("kind").is_null() | ~pl.col("kind").is_in(NOT_ENGINES))
+    rows = (
+        scrapes if "kind" in scrapes.columns else scrapes.with_columns(kind=pl.lit(None, pl.String))
+    )
     replica = pl.col("target_id")
     if frames.targets is not None and not frames.targets.is_empty():
-        names = frames.targets.select("target_id", target_replica="replica").unique("target_id")
-        rows = rows.join(names, on="target_id", how="left")
+        known = frames.targets.select(
+            "target_id", target_replica="replica", target_kind="kind"
+        ).unique("target_id")
+        rows = rows.join(known, on="target_id", how="left").with_columns(
+            kind=pl.coalesce("target_kind", "kind")
+        )
         replica = pl.coalesce("target_replica", "target_id")
+    rows = rows.filter(pl.col("kind").is_null() | ~pl.col("kind").is_in(NOT_ENGINES))
     rows = rows.with_columns(replica=replica)
     return None if rows.is_empty() else rows

@@ -30,7 +30,7 @@ from servewatch.dashboards.request_path_boxes import gateway_signals, router_sig
 # Left edge of the signal, state and text columns, px; characters per wrapped line of each.
 COLUMN_X = (0, 150, 230)
 SIGNAL_CHARS = 24
-TEXT_CHARS = 68
+TEXT_CHARS = 76
 LINE_PX = ROW_PX + 2
 STATE_COLORS = {
     BoxState.OK: "#2ca02c",

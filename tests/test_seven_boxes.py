@@ -270,18 +270,40 @@ def targets(pairs: dict[str, str]) -> pl.DataFrame:
     )
 
 
-def test_a_replica_is_down_when_its_last_scrape_failed_and_dcgm_exporters_are_no_replicas() -> None:
+ENGINE_TARGETS = {"t-0": "vllm-0", "t-10": "vllm-10", "t-2": "vllm-2"}
+
+
+@pytest.mark.parametrize(
+    ("dcgm_kind", "exporter_listed"),
+    [
+        # The scrape says what it read.
+        ("dcgm", False),
+        # A failed scrape records no page kind: the targets table says it is an exporter.
+        (None, True),
+    ],
+)
+def test_a_replica_is_down_when_its_last_scrape_failed_and_dcgm_exporters_are_no_replicas(
+    dcgm_kind: str | None, exporter_listed: bool
+) -> None:
     rows = every_minute("t-0") + every_minute("t-10") + every_minute("t-2")[:-1]
     rows.append(("t-2", 3590, False))
-    dcgm = scrapes([("dcgm-h0", 3590, False)], kind="dcgm")
+    dcgm = scrapes([("dcgm-h0", 3590, False)]).with_columns(kind=pl.lit(dcgm_kind, pl.String))
+    listed = targets({**ENGINE_TARGETS, "dcgm-h0": ""}).with_columns(
+        replica=pl.when(pl.col("target_id") == "dcgm-h0").then(None).otherwise("replica"),
+        kind=pl.when(pl.col("target_id") == "dcgm-h0").then(pl.lit("dcgm")).otherwise("kind"),
+    )
     frames = BoxFrames(
         scrapes=pl.concat([scrapes(rows), dcgm]),
-        targets=targets({"t-0": "vllm-0", "t-10": "vllm-10", "t-2": "vllm-2"}),
+        targets=listed if exporter_listed else targets(ENGINE_TARGETS),
     )
     up = signal(frames, Box.REPLICAS, "up")
     assert (up.state, up.value) == (DEGRADED, "2 of 3 up at the end of the window; down: vllm-2")
+
+
+def test_without_targets_a_scraped_target_names_its_replica() -> None:
     frames = BoxFrames(scrapes=scrapes(every_minute("vllm-0")))
-    assert signal(frames, Box.REPLICAS, "up").value == "1 of 1 up at the end of the window"
+    up = signal(frames, Box.REPLICAS, "up")
+    assert (up.state, up.value) == (OK, "1 of 1 up at the end of the window")
 
 
 @pytest.mark.parametrize(
@@ -476,7 +498,7 @@ def test_replayed_scrapes_record_no_duration_so_it_has_no_signal() -> None:
         ([2.0, 5.0, 5.0, 7.0], OK, "median 5 s, p95 7 s"),
         ([2.0, 5.0, 90.0, 120.0], DEGRADED, "median 48 s, p95 120 s"),
         # A replay stamps rows days after the requests ended: not a live lag.
-        ([86400.0 * 3] * 4, NONE, "median 259,200 s, p95 259,200 s"),
+        ([86400.0 * 3] * 4, NONE, "median 3.0 d, p95 3.0 d"),
         ([], NONE, "-"),
     ],
 )
