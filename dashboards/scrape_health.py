@@ -88,7 +88,8 @@ def _table(failing: pl.DataFrame) -> Any:
             row["target_id"],
             f"{row['failed']:,} of {row['scrapes']:,}",
             "ok" if row["last_ok"] else "failed: unreachable",
-            f"{row['duration_p95_s'] * 1000:,.0f} ms",
+            # Replayed scrapes record no duration.
+            "-" if row["duration_p95_s"] is None else f"{row['duration_p95_s'] * 1000:,.0f} ms",
             error,
         )
         cells += [(n, i, v) for i, v in enumerate(values)]
