@@ -66,19 +66,21 @@ def alert_windows_table(specs: Sequence[SloSpec]) -> pl.LazyFrame:
     )
 
 
+def _given_ratio(sums: pl.LazyFrame) -> pl.Expr:
+    """`error_ratio` as the sums give it (metric SLOs' PromQL-computed ratios), else null."""
+    if "error_ratio" in sums.collect_schema().names():
+        return pl.col("error_ratio").cast(pl.Float64)
+    return pl.lit(None, dtype=pl.Float64).alias("error_ratio")
+
+
 def _window(sums: pl.LazyFrame, prefix: str, on: str) -> pl.LazyFrame:
-    given = (
-        pl.col("error_ratio")
-        if "error_ratio" in sums.collect_schema().names()
-        else pl.lit(None, dtype=pl.Float64)
-    )
     return sums.select(
         "at",
         "slo",
         pl.col("window_s").alias(on),
         pl.col("good").alias(f"{prefix}_good"),
         pl.col("total").alias(f"{prefix}_total"),
-        given.alias(f"{prefix}_given_ratio"),
+        _given_ratio(sums).alias(f"{prefix}_given_ratio"),
     )
 
 
@@ -206,10 +208,14 @@ def with_window_sums(sums: pl.LazyFrame, *, replaced: pl.LazyFrame | None) -> pl
         pl.col("window_s"),
         pl.col("good", "total").cast(pl.Float64),
     ]
+    # The replaced windows keep the ratio PromQL computes from their rates: recomputed from
+    # the summed increases it may round to the other side of a threshold it lands on.
     return pl.concat(
         [
-            sums.join(replaced.select(keys), on=keys, how="anti").select(columns),
-            replaced.select(columns),
+            sums.join(replaced.select(keys), on=keys, how="anti").select(
+                *columns, _given_ratio(sums)
+            ),
+            replaced.select(*columns, _given_ratio(replaced)),
         ]
     )
 

@@ -124,7 +124,7 @@ def window_increases(
     average = sampled / (pl.col("last_index") - pl.col("first_index"))
     to_start = (pl.col("first_ts") - pl.col("start")).dt.total_milliseconds() / 1000.0
     to_end = (pl.col("at") - pl.col("last_ts")).dt.total_milliseconds() / 1000.0
-    to_zero = pl.col("sampled") * pl.col("first_value") / pl.col("result")
+    to_zero = pl.col("sampled") * (pl.col("first_value") / pl.col("result"))
     threshold = pl.col("average") * _EXTRAPOLATION_THRESHOLD
 
     def edge(gap: pl.Expr) -> pl.Expr:
