@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servewatch.health.finding import Finding
+from servewatch.slo.absent_alert import is_absent_alert
 from servewatch.slo.alert_state import AlertChange
 from servewatch.slo.status import SloStatus
 
@@ -259,7 +260,9 @@ def alerts_table(changes: Sequence[AlertChange]) -> Table:
             change.changed_ts.isoformat(timespec="minutes"),
             change.key.slo,
             change.key.severity.value,
-            f"{change.key.window}/{change.key.short_window}",
+            f"absent {change.key.window}"
+            if is_absent_alert(change.key)
+            else f"{change.key.window}/{change.key.short_window}",
             change.state.value,
             f"{_fmt(change.long_burn_rate, digits=2)} / {_fmt(change.short_burn_rate, digits=2)}",
         )
