@@ -249,7 +249,10 @@ def test_the_report_carries_the_findings(rollout_db: Path) -> None:
     facts = dict(report.facts)
     assert "rollout_regression" in facts["health findings"]
     slugs = [c.slug for c in report.charts]
-    assert slugs[:2] == ["health-findings", "health-findings-timeline"]
+    # The detail charts open with the findings, right after the answers (which replica).
+    first = slugs.index("health-findings")
+    assert slugs[first : first + 2] == ["health-findings", "health-findings-timeline"]
+    assert set(slugs[:first]) <= {"replicas", "slo-verdicts", "capacity-answer"}, slugs
     specs = chart_specs(report)
     html = report_html(report, specs)
     assert V2 in html
