@@ -15,7 +15,6 @@ from rich.text import Text
 
 from servewatch.health.finding import Finding
 from servewatch.slo.alert_state import AlertChange
-from servewatch.slo.status import SloStatus
 
 # Messages are never wrapped by width (a terminal wraps them, a log keeps them whole), and no
 # text is read as markup: paths, config sections such as [slo] and errors are shown as they are.
@@ -250,26 +249,30 @@ def change_json(change: AlertChange) -> dict[str, Any]:
     }
 
 
-def alerts_table(changes: Sequence[AlertChange]) -> Table:
+def alerts_table(changes: Sequence[dict[str, Any]]) -> Table:
+    """The alert history from its JSON (`change_json`), as read or as the service answers it."""
     table = Table(title="Alert state history")
     for header in ("changed (UTC)", "SLO", "severity", "windows", "state", "burn long/short"):
         table.add_column(header)
     for change in changes:
         table.add_row(
-            change.changed_ts.isoformat(timespec="minutes"),
-            change.key.slo,
-            change.key.severity.value,
-            f"{change.key.window}/{change.key.short_window}",
-            change.state.value,
-            f"{_fmt(change.long_burn_rate, digits=2)} / {_fmt(change.short_burn_rate, digits=2)}",
+            str(change["changed"]).removesuffix("Z")[:16],
+            change["slo"],
+            change["severity"],
+            f"{change['window']}/{change['short_window']}",
+            change["state"],
+            f"{_fmt(change['long_burn_rate'], digits=2)} / "
+            f"{_fmt(change['short_burn_rate'], digits=2)}",
         )
     if not changes:
         table.caption = "no alert has changed state yet"
     return table
 
 
-def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
-    table = Table(title=f"SLO status at {at.isoformat(timespec='minutes')} UTC")
+def slo_status_table(statuses: Sequence[dict[str, Any]], *, at: str) -> Table:
+    """SLO statuses from their JSON (`SloStatus.to_json`), as evaluated here or by the service;
+    `at` as the document gives it."""
+    table = Table(title=f"SLO status at {at.removesuffix('Z')[:16]} UTC")
     for header in (
         "SLO",
         "objective",
@@ -283,23 +286,24 @@ def slo_status_table(statuses: Sequence[SloStatus], *, at: datetime) -> Table:
     ):
         table.add_column(header, justify="left" if header == "SLO" else "right")
     for status in statuses:
-        firing = [a for a in status.alerts if a.state == "firing"]
-        exhaustion = status.time_to_exhaustion_s
+        firing = [a for a in status["alerts"] if a["state"] == "firing"]
+        exhaustion = status["time_to_exhaustion_s"]
+        remaining = status["budget_remaining_ratio"]
         table.add_row(
-            status.slo,
-            f"{status.objective_ratio:.4%}",
-            status.period,
-            f"{status.good:,}/{status.total:,}"
-            + (" tokens" if status.events == "output tokens" else ""),
-            _fmt(status.error_ratio, digits=5),
-            _fmt(status.budget_remaining_ratio, scale=100.0),
-            _fmt(status.current_burn_rate, digits=2),
+            status["slo"],
+            f"{status['objective_ratio']:.4%}",
+            status["period"],
+            f"{status['good']:,}/{status['total']:,}"
+            + (" tokens" if status.get("events") == "output tokens" else ""),
+            _fmt(status["error_ratio"], digits=5),
+            _fmt(remaining, scale=100.0),
+            _fmt(status["current_burn_rate"], digits=2),
             "exhausted"
-            if status.budget_remaining_ratio <= 0
+            if remaining is not None and remaining <= 0
             else "-"
             if exhaustion is None
             else f"{exhaustion / 3600:,.1f} h",
-            ", ".join(f"{a.severity} {a.window}" for a in firing) or "-",
+            ", ".join(f"{a['severity']} {a['window']}" for a in firing) or "-",
         )
     return table
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import httpx
 import typer
 
+from servewatch.answers import alerts_answer, slo_answer
 from servewatch.cli.app import (
     DEFAULT_DB,
     EXIT_BAD_INPUT,
@@ -20,9 +21,11 @@ from servewatch.cli.app import (
     instant,
     load_config_or_fail,
     open_store,
+    read_answer,
     slo_app,
     write_file,
 )
+from servewatch.collectors.service_api import ALERTS_PATH, SLO_PATH
 from servewatch.pipeline.instants import format_instant
 from servewatch.render import (
     alerts_table,
@@ -33,12 +36,11 @@ from servewatch.render import (
     print_json,
     slo_status_table,
 )
-from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.fields import SpecError
 from servewatch.slo.prometheus_rules import prometheus_rules
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import SloSetupError, evaluate, load_specs, status_at
+from servewatch.slo_service import SloSetupError, evaluate, load_specs
 from servewatch.store import (
     utc_now,
 )
@@ -74,13 +76,19 @@ def slo_status_command(
     state of every SLO, exact from per-minute good and total counts."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
-    moment = instant(at, "--at") or utc_now()
-    with open_store(state, read_only=True) as store:
-        statuses = status_at(store, specs=specs, at=moment)
+    moment = instant(at, "--at")
+    # While `run` holds the store it answers for the SLOs of its own configuration, by name.
+    asked = {"slo": [s.name for s in specs], **({} if at is None else {"at": at})}
+    document = read_answer(
+        state,
+        lambda store: slo_answer(store, specs=specs, at=moment),
+        path=SLO_PATH,
+        params=asked,
+    )
     if as_json:
-        print_json({"at": format_instant(moment), "slos": [s.to_json() for s in statuses]})
+        print_json(document)
         return
-    out_console.print(slo_status_table(statuses, at=moment))
+    out_console.print(slo_status_table(document["slos"], at=document["at"]))
 
 
 @slo_app.command("rules")
@@ -152,9 +160,8 @@ def slo_evaluate_command(
 def alerts(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
     state = ctx.ensure_object(CliState)
-    with open_store(state, read_only=True) as store:
-        changes = changes_from_frame(store.read_alert_changes().collect())
+    document = read_answer(state, alerts_answer, path=ALERTS_PATH)
     if as_json:
-        print_json({"alerts": [change_json(c) for c in changes]})
+        print_json(document)
         return
-    out_console.print(alerts_table(changes))
+    out_console.print(alerts_table(document["alerts"]))
