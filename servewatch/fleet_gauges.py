@@ -65,6 +65,7 @@ class PoolGauges:
 
 @dataclass(frozen=True)
 class FleetGaugeSnapshot:
+    at: datetime | None = None  # the evaluation instant (None before the first)
     slos: tuple[SloGauges, ...] = ()
     pools: tuple[PoolGauges, ...] = ()
     findings_active: Mapping[str, int] = field(default_factory=dict)

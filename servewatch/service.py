@@ -339,6 +339,7 @@ class Service:
             counted = self.event_counters.add(minutes, specs=specs, at=at)
             slos = slo_gauges(statuses, counted)
         return FleetGaugeSnapshot(
+            at=at,
             slos=slos,
             pools=pool_gauges(store, at=at),
             findings_active=findings_active(findings),
@@ -455,11 +456,17 @@ class Service:
             api=api,
             bearer_token=self.state.config.api.bearer_token,
         )
-        port = self._health_server.server_address[1]
         if self.store.path != IN_MEMORY:
             # Readers of the store find the service, and where it answers, by this note.
-            holder = Holder(os.getpid(), "servewatch run", api_url=f"http://127.0.0.1:{port}")
+            holder = Holder(os.getpid(), "servewatch run", api_url=self.api_url)
             write_holder(self.store.path, holder)
+
+    @property
+    def api_url(self) -> str | None:
+        """Where the page, the API and /metrics answer, once started."""
+        if self._health_server is None:
+            return None
+        return f"http://127.0.0.1:{self._health_server.server_address[1]}"
 
     def read_window(self, query: WindowQuery) -> bytes:
         """A store window for the local API, read on the writer's thread between writes."""
