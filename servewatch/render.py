@@ -296,10 +296,12 @@ def slo_status_table(statuses: Sequence[dict[str, Any]], *, at: str) -> Table:
             f"{status['good']:,}/{status['total']:,}"
             + (" tokens" if status.get("events") == "output tokens" else ""),
             _fmt(status["error_ratio"], digits=5),
-            _fmt(remaining, scale=100.0),
+            "no data" if remaining is None else _fmt(remaining, scale=100.0),
             _fmt(status["current_burn_rate"], digits=2),
-            "exhausted"
-            if remaining is not None and remaining <= 0
+            "no data"
+            if remaining is None
+            else "exhausted"
+            if remaining <= 0
             else "-"
             if exhaustion is None
             else f"{exhaustion / 3600:,.1f} h",

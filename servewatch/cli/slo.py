@@ -99,13 +99,21 @@ def slo_rules_command(
     out: Annotated[Path, typer.Option(help="Where to write the Prometheus rule file.")] = Path(
         "rules.yml"
     ),
+    service_counters: Annotated[
+        bool,
+        typer.Option(
+            help="Rules for SLOs vLLM's metrics cannot express (traced, goodput) over the "
+            "event counters `servewatch run` serves; --no-service-counters skips them.",
+        ),
+    ] = True,
     as_json: JsonOption = False,
 ) -> None:
     """Write Prometheus recording and alerting rules equivalent to servewatch's evaluation
-    (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
+    (error ratios per window from vLLM's histograms and counters, or from `servewatch run`'s
+    event counters for traced SLOs; promtool-valid)."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
-    rules = prometheus_rules(specs)
+    rules = prometheus_rules(specs, service_counters=service_counters)
     write_file(out, rules.to_yaml(), what="the rule file")
     if as_json:
         print_json({"out": str(out), "skipped": list(rules.skipped)})
