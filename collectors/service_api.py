@@ -65,6 +65,7 @@ def _get(
     if response.status_code == httpx.codes.OK:
         return response
     detail = response.text.strip().splitlines()[0] if response.text.strip() else ""
+    detail = detail.removeprefix(f"{path}: ")  # the service names the path too
     if response.status_code == httpx.codes.UNAUTHORIZED:
         asked = "a wrong" if token is not None else "no"
         raise ServiceApiError(
