@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.server import ThreadingHTTPServer
@@ -48,12 +48,13 @@ from servewatch.fleet_gauges import (
     EventCounters,
     FleetGaugeCollector,
     FleetGaugeSnapshot,
+    SloGauges,
     findings_active,
     pool_gauges,
     slo_gauges,
 )
 from servewatch.health_service import evaluate_findings
-from servewatch.live_page import LivePage, build_page, page_key
+from servewatch.live_page import BuiltPage, LivePage, build_page, page_key
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.pipeline.window import WindowQuery, window_to_bytes
@@ -69,6 +70,7 @@ from servewatch.scraping import (
 from servewatch.service_http import ServiceApi, serve_health
 from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.finding_alerts import FindingEvaluation
 from servewatch.slo.spec import SloSpec
 from servewatch.slo.status import slo_status
 from servewatch.slo_service import evaluate, load_specs, slo_minutes_at
@@ -320,18 +322,24 @@ class Service:
             findings = evaluate_findings(store, at=at, notifier=notifier)
             if findings.notification_error:
                 log.error("finding alert notification failed: %s", findings.notification_error)
+            # The page first: a failure computing the gauges leaves it knowing the store moved.
+            self.page.moved(page_key(store))
             self.fleet_gauges.update(
                 self._gauge_snapshot(store, specs=specs, at=at, findings=findings)
             )
-            self.page.moved(page_key(store))
 
         self.writer.submit_task(run)
 
     def _gauge_snapshot(
-        self, store: Store, *, specs: tuple[SloSpec, ...], at: datetime, findings: Any
+        self,
+        store: Store,
+        *,
+        specs: tuple[SloSpec, ...],
+        at: datetime,
+        findings: FindingEvaluation,
     ) -> FleetGaugeSnapshot:
         """The figures `/metrics` serves until the next evaluation (see fleet_gauges)."""
-        slos: tuple[Any, ...] = ()
+        slos: tuple[SloGauges, ...] = ()
         if specs:
             minutes = slo_minutes_at(store, specs=specs, at=at).collect()
             history = changes_from_frame(store.read_alert_changes().collect())
@@ -349,8 +357,11 @@ class Service:
         """`task` run on the writer's thread between writes: how the API reads the store."""
         return self.writer.call(task, timeout_s=WINDOW_TIMEOUT_S)
 
-    def _build_page(self, key: object) -> Any:
-        return self._read_store(lambda store: build_page(store, key=key, limits=GoodputLimits()))
+    def _build_page(self, key: Hashable) -> BuiltPage:
+        page: BuiltPage = self._read_store(
+            lambda store: build_page(store, key=key, limits=GoodputLimits())
+        )
+        return page
 
     def reload_config(self) -> None:
         try:
