@@ -20,8 +20,11 @@ from typing import Any
 
 import vl_convert
 
-from servewatch.dashboards.report import Report
+from servewatch.dashboards.capacity_answer import answer_html
+from servewatch.dashboards.replica_table import replica_table_html
+from servewatch.dashboards.report import Report, Section
 from servewatch.dashboards.report_page import PageChart, render_page
+from servewatch.dashboards.slo_verdict import verdicts_html
 
 CHARTS_FOLDER = "charts"
 PNG_SCALE = 2.0
@@ -50,6 +53,20 @@ def spec_json(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
+def answers(report: Report) -> list[tuple[str, str]]:
+    """The sections that open with an answer, in page order: SLO verdicts, the capacity
+    answer, the replica table (each only when the report has it)."""
+    lead: list[tuple[str, str]] = []
+    if report.verdicts:
+        lead.append((Section.VERDICT.value, verdicts_html(report.verdicts)))
+    if report.capacity_answer is not None:
+        lead.append((Section.CAPACITY.value, answer_html(report.capacity_answer)))
+    if report.replicas is not None:
+        table = replica_table_html(report.replicas, objective_ratio=report.replica_objective_ratio)
+        lead.append((Section.REPLICAS.value, table))
+    return lead
+
+
 def report_html(report: Report, specs: Mapping[str, Mapping[str, Any]]) -> str:
     return render_page(
         title=report.title,
@@ -57,6 +74,7 @@ def report_html(report: Report, specs: Mapping[str, Mapping[str, Any]]) -> str:
         charts=[PageChart(c.slug, c.section.value, c.title, specs[c.slug]) for c in report.charts],
         omitted=report.omitted,
         files_folder=CHARTS_FOLDER,
+        lead=answers(report),
     )
 
 

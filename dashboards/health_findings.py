@@ -4,13 +4,15 @@
 start, end, confidence, summary, evidence as text, suggestion); the charts read that frame.
 The timeline draws a bar per finding from its start to its end (an ongoing one to the end of
 the report window, marked "ongoing"), one row per affected scope, coloured by failure mode;
-the table lists every finding with its evidence numbers, so the report carries the same facts
-as `servewatch health --json`.
+the table prints every finding in full (summary, suggested action, evidence numbers, wrapped
+rather than cut off), so the report carries the same facts as `servewatch health --json`.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import altair as alt
@@ -40,7 +42,15 @@ KIND_COLORS = {
     FindingKind.DEPENDENCY.value: "#1f77b4",
 }
 EVIDENCE_SHOWN = 6
-TABLE_ROW_PX = 2 * ROW_PX + 4
+TABLE_LINE_PX = ROW_PX + 2
+# (style, font weight, colour) of the table's printed lines.
+LINE_STYLES = (
+    ("head", "bold", "#000000"),
+    ("body", "normal", "#000000"),
+    ("evidence", "normal", "#555555"),
+)
+# Characters per printed line of the table at the chart's width and the default font size.
+TABLE_LINE_CHARS = 100
 
 FINDINGS_SCHEMA = pl.Schema(
     {
@@ -162,44 +172,67 @@ def findings_timeline_chart(
     return titled(chart, title="Health findings over time", subtitle=subtitle)
 
 
+def _wrapped(text: str, *, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(
+        text, width=TABLE_LINE_CHARS, initial_indent=first, subsequent_indent=rest
+    ) or [first.rstrip()]
+
+
+def table_lines(rows: pl.DataFrame) -> pl.DataFrame:
+    """The table's text, one row per printed line: a head line per finding (when, failure mode,
+    scope, confidence), then its summary, suggested action and evidence in full, wrapped.
+    Columns: line (0, 1, ... down the table), text, style (head or body)."""
+    lines: list[tuple[str, str]] = []
+    for row in rows.iter_rows(named=True):
+        start = datetime.fromtimestamp(row["ts"] / 1000, tz=UTC)
+        until = (
+            "ongoing"
+            if row["state"] == "ongoing"
+            else f"{datetime.fromtimestamp(row['ts_end'] / 1000, tz=UTC):%H:%M}"
+        )
+        head = (
+            f"{start:%m-%d %H:%M} to {until} · {row['kind']} · {row['where']} · "
+            f"confidence {row['confidence_pct']:.0f}%"
+        )
+        lines.append((head, "head"))
+        lines += [(t, "body") for t in _wrapped(row["summary"], first="  ", rest="  ")]
+        action = _wrapped(row["suggestion"], first="  Action: ", rest="          ")
+        lines += [(t, "body") for t in action]
+        if row["evidence"]:
+            evidence = _wrapped(row["evidence"], first="  Evidence: ", rest="            ")
+            lines += [(t, "evidence") for t in evidence]
+    return pl.DataFrame(
+        {
+            "line": list(range(len(lines))),
+            "text": [t for t, _ in lines],
+            "style": [s for _, s in lines],
+        },
+        schema={"line": pl.Int64(), "text": pl.String(), "style": pl.String()},
+    )
+
+
 def findings_table_chart(frame: pl.DataFrame | pl.LazyFrame) -> Any:
-    """Every finding as a table row: when, what, where, how sure, summary and evidence."""
+    """Every finding in full: when, what, where, how sure, its summary, the suggested action
+    and the evidence numbers, as printed lines (nothing cut off, nothing behind hover)."""
     rows = _rows(frame, domain=None)
     if rows.is_empty():
         raise ValueError("health findings table: there are no findings to list")
-    lines = rows.with_row_index("row").with_columns(
-        when=pl.format(
-            "{} to {}",
-            pl.from_epoch("ts", time_unit="ms").dt.strftime("%m-%d %H:%M"),
-            pl.when(pl.col("state") == "ongoing")
-            .then(pl.lit("ongoing"))
-            .otherwise(pl.from_epoch("ts_end", time_unit="ms").dt.strftime("%H:%M")),
-        ),
-        head=pl.format("{} · {} · {}%", "kind", "where", "confidence_pct"),
-    )
-    order = lines["row"].to_list()
-    base = data_chart(lines).encode(
-        alt.Y("row:O", sort=order, axis=None),
-        tooltip=[
-            alt.Tooltip("summary:N"),
-            alt.Tooltip("evidence:N"),
-            alt.Tooltip("suggestion:N"),
-        ],
-    )
-    columns = [
-        base.mark_text(align="left", fontWeight="bold", dy=-7).encode(
-            x=alt.value(0), text="when:N"
-        ),
-        base.mark_text(align="left", dy=-7).encode(x=alt.value(160), text="head:N"),
-        base.mark_text(align="left", dy=7, fontSize=10, limit=WIDTH_PX).encode(
-            x=alt.value(0), text="summary:N"
-        ),
+    lines = table_lines(rows)
+    y = alt.Y("line:O", axis=None, scale=alt.Scale(domain=lines["line"].to_list()))
+    layers = [
+        data_chart(lines.filter(pl.col("style") == style))
+        .mark_text(align="left", baseline="middle", limit=0, fontWeight=weight, color=color)
+        .encode(y, x=alt.value(0), text="text:N")
+        for style, weight, color in LINE_STYLES
+        if (lines["style"] == style).any()
     ]
-    chart = alt.layer(*columns).properties(
-        width=WIDTH_PX, height=max(40, TABLE_ROW_PX * lines.height)
+    chart = alt.layer(*layers).properties(
+        width=WIDTH_PX, height=max(40, TABLE_LINE_PX * lines.height)
     )
     subtitle = [
-        "Start to end (UTC), failure mode, scope and confidence; the summary below each.",
-        "Hover a row for the evidence numbers; `servewatch health --json` has all of them.",
+        (
+            "Start to end (UTC), failure mode, scope and confidence; then the summary, the "
+            "suggested action and the evidence numbers (as `servewatch health --json` has them)."
+        ),
     ]
     return titled(chart, title="Health findings", subtitle=subtitle)

@@ -15,6 +15,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
+from servewatch.dashboards.alert_band import band_rows, firing_bands_layer
 from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
 from servewatch.dashboards.downsampling import (
     MAX_POINTS_PER_SERIES,
@@ -131,8 +132,10 @@ def latency_chart(
     source: str = "traced requests",
     domain: TimeDomain | None = None,
     max_points: int = MAX_POINTS_PER_SERIES,
+    alerts: pl.DataFrame | pl.LazyFrame | None = None,
 ) -> Any:
-    """Lines per percentile over time; a dashed line at the SLO limit when given."""
+    """Lines per percentile over time; a dashed line at the SLO limit when given; shaded
+    behind them, the intervals in which a burn-rate alert fired (`alerts`: alert_band rows)."""
     rows = LATENCY_CONTRACT.select(frame)
     buckets = buckets_for(rows, domain=domain, max_points=max_points)
     reduction = Reduction.MAX
@@ -154,13 +157,22 @@ def latency_chart(
         order=order,
         points=buckets.minutes <= 30,
     ).encode(alt.Color("percentile:N", title="percentile", sort=order, scale=_colors(order)))
-    layers = [lines]
+    layers: list[Any] = []
     what = f"Fleet {stat.short} percentiles per {buckets.label}, from {source}."
+    bands = band_rows(alerts, domain=domain) if alerts is not None else None
+    if bands is not None and not bands.is_empty():
+        layers.append(firing_bands_layer(bands, domain=domain))
+        what += " Shaded: intervals in which an SLO alert was firing."
+    layers.append(lines)
     if limit_s is not None:
         label = f"SLO limit {number_text(limit_s)} s"
         layers += level_rule(limit_s, label=label, color=LIMIT_COLOR)
         what += f" Dashed: {label}."
-    chart = alt.layer(*layers).properties(width=WIDTH_PX, height=HEIGHT_PX)
+    chart = (
+        alt.layer(*layers)
+        .resolve_scale(color="independent")
+        .properties(width=WIDTH_PX, height=HEIGHT_PX)
+    )
     return titled(
         chart, title=stat.title, subtitle=[s for s in (what, buckets.note(reduction)) if s]
     )

@@ -9,13 +9,15 @@ thousands of values into the HTML; four figures are finer than any axis can show
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import altair as alt
 import polars as pl
+
+# Re-exported: every chart orders its labels with the one natural sort.
+from servewatch.pipeline.natural_sort import natural_order as natural_order  # noqa: PLC0414
 
 WIDTH_PX = 640
 HEIGHT_PX = 220
@@ -179,13 +181,3 @@ def level_rule(value: float, *, label: str, color: str) -> list[Any]:
         .encode(y="level:Q", x=alt.value(WIDTH_PX - 4), text="label:N")
     )
     return [rule, text]
-
-
-def natural_order(labels: Sequence[str]) -> list[str]:
-    """Distinct labels in the order people count them: vllm-2 before vllm-10."""
-
-    def key(label: str) -> list[tuple[int, int | str]]:
-        parts = re.split(r"(\d+)", label)
-        return [(0, int(part)) if part.isdigit() else (1, part) for part in parts]
-
-    return sorted(set(labels), key=key)

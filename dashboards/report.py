@@ -30,6 +30,7 @@ from servewatch.dashboards.attainment import (
     token_goodput_chart,
 )
 from servewatch.dashboards.burn_rate import burn_rate_chart
+from servewatch.dashboards.capacity_answer import CapacityAnswer
 from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
 from servewatch.dashboards.drill_timeline import drill_timeline_chart
 from servewatch.dashboards.error_budget import budget_remaining_chart
@@ -40,6 +41,8 @@ from servewatch.dashboards.finish_reason import (
     finish_reasons_from_requests,
 )
 from servewatch.dashboards.gpu_health import gpu_health_chart
+from servewatch.dashboards.gpu_replicas import gpu_replicas_chart
+from servewatch.dashboards.gpu_unmatched import gpu_unmatched_chart
 from servewatch.dashboards.health_findings import (
     findings_frame,
     findings_table_chart,
@@ -47,8 +50,11 @@ from servewatch.dashboards.health_findings import (
 )
 from servewatch.dashboards.kv_usage import kv_usage_heatmap
 from servewatch.dashboards.latency import LatencyStat, latency_chart, latency_from_requests
+from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
+from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import TimeDomain, natural_order
 from servewatch.dashboards.prefix_cache import prefix_cache_chart
+from servewatch.dashboards.replica_table import replica_chart, replica_rows
 from servewatch.dashboards.request_length import (
     LengthKind,
     lengths_from_requests,
@@ -56,7 +62,11 @@ from servewatch.dashboards.request_length import (
 )
 from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
 from servewatch.dashboards.scheduler_state import scheduler_state_chart
+from servewatch.dashboards.scrape_health import scrape_health_chart
+from servewatch.dashboards.slo_verdict import SloVerdict
 from servewatch.dashboards.token_throughput import (
+    COUNTER_SOURCE,
+    TRACES_SOURCE,
     throughput_from_request_minutes,
     token_throughput_chart,
 )
@@ -72,13 +82,28 @@ MAX_MODELS_LISTED = 8
 
 
 class Section(Enum):
+    """The page's sections in page order: the answers first, then the detail charts."""
+
+    VERDICT = "SLO verdicts"
+    CAPACITY = "Capacity: the recommended fleet"
+    REPLICAS = "Which replica"
     HEALTH = "Fleet health findings"
     LATENCY = "Latency"
     SLO = "SLOs, error budgets and alerts"
     ENGINE = "Engine: scheduler, KV cache and tokens"
     REQUESTS = "Requests: lengths and finish reasons"
     GPU = "GPUs"
-    CAPACITY = "Capacity"
+
+
+# What a reader can run to fill a section that has no data, in their words.
+TRACES_HINT = (
+    "ingest traces (servewatch ingest traces FILE) or point vLLM's OTLP export at servewatch run"
+)
+SCRAPE_HINT = "scrape the replicas' /metrics (servewatch scrape, or servewatch run)"
+SLO_HINT = (
+    "pass --slo FILE to servewatch report, or list SLO files in servewatch.toml ([slo] files)"
+)
+REQUIREMENT_HINT = "pass --requirement FILE to servewatch report (see docs/capacity.md)"
 
 
 @dataclass(frozen=True)
@@ -96,6 +121,13 @@ class Report:
     facts: tuple[tuple[str, str], ...]
     charts: tuple[ReportChart, ...]
     omitted: tuple[tuple[str, str], ...]
+    # The answers above the charts: per-SLO verdicts, the capacity answer, the replica table.
+    verdicts: tuple[SloVerdict, ...] = ()
+    capacity_answer: CapacityAnswer | None = None
+    replicas: pl.DataFrame | None = None
+    # The objective a replica's attainment is held to in the replica table (the strictest
+    # trace-counted SLO's), when SLOs were given.
+    replica_objective_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +174,8 @@ class ReportInputs:
     slo_objectives: Mapping[str, float] = field(default_factory=dict)
     latency_percentiles: Frame | None = None
     request_phases: Frame | None = None
+    # vLLM's latency histogram buckets per minute (LATENCY_BUCKETS_CONTRACT): the heatmaps.
+    latency_buckets: Frame | None = None
     token_throughput: Frame | None = None
     finish_reasons: Frame | None = None
     request_lengths: Frame | None = None
@@ -155,6 +189,8 @@ class ReportInputs:
     unmatched_gpus: Frame | None = None
     # The scrape targets (TARGETS_SCHEMA): which engine serves each pool, named among the facts.
     targets: Frame | None = None
+    # The store's scrapes (SCRAPES_SCHEMA): failed scrapes and unreachable targets.
+    scrapes: Frame | None = None
     budget_remaining: Frame | None = None
     burn_rates: Frame | None = None
     burn_thresholds: Frame | None = None
@@ -165,6 +201,11 @@ class ReportInputs:
     drill: DrillView | None = None
     # What the fleet-health detectors found over the window (None: they were not run).
     findings: Sequence[Finding] | None = None
+    # Each SLO's verdict at the end of the window (None: no SLOs were given).
+    slo_verdicts: Sequence[SloVerdict] | None = None
+    capacity_answer: CapacityAnswer | None = None
+    # The objective replicas are held to in the replica table.
+    replica_objective_ratio: float | None = None
 
 
 def slug(text: str) -> str:
@@ -326,13 +367,25 @@ def build_report(
         if inputs.requests is not None
         else None
     )
+    # The answers first: SLO verdicts, the capacity answer, which replica.
+    if inputs.slo_verdicts is None:
+        out.omit("SLO verdicts", f"no SLOs were given: {SLO_HINT}")
+    _capacity(out, inputs)
+    replicas = replica_rows(inputs.sli_report)
+    if replicas.is_empty():
+        out.omit("Which replica", "no traced requests by replica in this window")
+    else:
+        chart = replica_chart(replicas, objective_ratio=inputs.replica_objective_ratio)
+        out.add("replicas", Section.REPLICAS, "Replicas side by side", chart)
+    # The detail charts, in page order: a new panel appends its call here.
     _health(out, inputs, window=window)
+    _scrape_health(out, inputs, window=window)
     _latency(out, inputs, requests=requests, window=window, limits=limits)
     _slo(out, inputs, window=window)
     _engine(out, inputs, requests=requests, window=window)
     _request_mix(out, inputs, requests=requests, window=window)
+    _load_balance(out, inputs, window=window)
     _gpu(out, inputs, window=window)
-    _capacity(out, inputs)
     return Report(
         title=title,
         window=window,
@@ -342,6 +395,10 @@ def build_report(
         + _unmatched_gpu_facts(inputs.unmatched_gpus),
         charts=tuple(out.charts),
         omitted=tuple(out.omitted),
+        verdicts=tuple(inputs.slo_verdicts or ()),
+        capacity_answer=inputs.capacity_answer,
+        replicas=None if replicas.is_empty() else replicas,
+        replica_objective_ratio=inputs.replica_objective_ratio,
     )
 
 
@@ -407,7 +464,7 @@ def _finding_facts(findings: Sequence[Finding] | None) -> tuple[tuple[str, str],
 def _health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
     title = "Health findings"
     if inputs.findings is None:
-        out.omit(title, "not examined: needs the fleet-health findings (servewatch health)")
+        out.omit(title, "the fleet-health detectors were not run: servewatch health runs them")
         return
     if not inputs.findings:
         out.omit(title, "no findings: none of the failure modes shows in this window")
@@ -416,6 +473,15 @@ def _health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -
     out.add("health-findings", Section.HEALTH, title, findings_table_chart(frame))
     timeline = findings_timeline_chart(frame, domain=window)
     out.add("health-findings-timeline", Section.HEALTH, "Health findings over time", timeline)
+
+
+def _scrape_health(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Scrape health and unreachable targets"
+    scrapes = None if inputs.scrapes is None else _in_window(inputs.scrapes, "ts", window).collect()
+    if scrapes is None or scrapes.is_empty():
+        out.omit(title, "no data: no target was scraped in this window (servewatch scrape or run)")
+        return
+    out.add("scrape-health", Section.HEALTH, title, scrape_health_chart(scrapes, domain=window))
 
 
 def _latency(
@@ -442,16 +508,38 @@ def _latency(
             )
         if frame is None or frame.is_empty():
             needs = (
-                "vLLM's inter_token_latency_seconds histogram (latency_percentiles, stat itl)"
+                f"no scraped vLLM inter-token latency histogram in this window: {SCRAPE_HINT}"
                 if stat is LatencyStat.ITL
-                else "traced requests or latency_percentiles"
+                else f"no traced requests or scraped latency histograms in this window: "
+                f"{TRACES_HINT}, or {SCRAPE_HINT}"
             )
-            out.omit(stat.title, f"no data: needs {needs}")
+            out.omit(stat.title, needs)
             continue
         chart = latency_chart(
-            frame, stat=stat, limit_s=limit_of.get(stat), source=source, domain=window
+            frame,
+            stat=stat,
+            limit_s=limit_of.get(stat),
+            source=source,
+            domain=window,
+            alerts=inputs.alert_intervals,
         )
         out.add(f"latency-{stat.value}", Section.LATENCY, stat.title, chart)
+
+    title = "Latency histograms"
+    buckets = (
+        None
+        if inputs.latency_buckets is None
+        else _in_window(inputs.latency_buckets, "minute_ts", window).collect()
+    )
+    if buckets is None or buckets.is_empty():
+        out.omit(title, f"no scraped vLLM latency histograms in this window: {SCRAPE_HINT}")
+    else:
+        out.add(
+            "latency-histograms",
+            Section.LATENCY,
+            title,
+            latency_heatmap_chart(buckets, domain=window),
+        )
 
     phases: pl.DataFrame | None = None
     source = HISTOGRAMS
@@ -461,7 +549,7 @@ def _latency(
         phases = _in_window(inputs.request_phases, "minute_ts", window).collect()
     title = "Queue, prefill and decode time"
     if phases is None or phases.is_empty():
-        out.omit(title, "no data: needs traced requests or request_phases")
+        out.omit(title, f"no traced requests in this window: {TRACES_HINT}")
     else:
         chart = request_phase_chart(phases, source=source, domain=window)
         out.add("request-phases", Section.LATENCY, title, chart)
@@ -479,9 +567,13 @@ def _slo_events(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | Non
                 chart = token_goodput_chart(events, domain=window)
                 out.add("token-goodput", Section.SLO, "Token goodput", chart)
     if not any(c.slug == "attainment" for c in out.charts):
-        out.omit("SLO attainment and goodput", "no data: needs slo_minutes")
+        out.omit("SLO attainment and goodput", f"no SLO events in this window: {SLO_HINT}")
     elif not any(c.slug == "token-goodput" for c in out.charts):
-        out.omit("Token goodput", "no data: needs slo_minutes with output token counts")
+        out.omit(
+            "Token goodput",
+            "no token goodput SLO counts output tokens: add an SLO of kind token_goodput "
+            "(docs/slo.md)",
+        )
 
 
 def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
@@ -493,7 +585,7 @@ def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
             chart = budget_remaining_chart(budget, domain=window)
             out.add("error-budget", Section.SLO, "Error budget remaining", chart)
     if not any(c.slug == "error-budget" for c in out.charts):
-        out.omit("Error budget remaining", "no data: needs budget_remaining")
+        out.omit("Error budget remaining", f"no SLOs were given: {SLO_HINT}")
 
     burns = (
         _in_window(inputs.burn_rates, "minute_ts", window).collect()
@@ -501,7 +593,7 @@ def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
         else None
     )
     if burns is None or burns.is_empty():
-        out.omit("Burn rates", "no data: needs burn_rates")
+        out.omit("Burn rates", f"no SLOs were given: {SLO_HINT}")
     else:
         for slo in natural_order(burns["slo"].to_list()):
             chart = burn_rate_chart(
@@ -514,7 +606,7 @@ def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
             out.add(f"burn-rate-{slug(slo)}", Section.SLO, f"Burn rate: {slo}", chart)
 
     if inputs.alert_intervals is None:
-        out.omit("Firing alerts", "no data: needs alert_intervals")
+        out.omit("Firing alerts", f"no SLOs were given: {SLO_HINT}")
     else:
         intervals = inputs.alert_intervals.lazy()
         if window is not None:
@@ -523,8 +615,11 @@ def _slo(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
                 (pl.col("start_ts") < window[1])
                 & (pl.col("end_ts").is_null() | (pl.col("end_ts") > window[0]))
             )
-        chart = alert_bands_chart(intervals.collect(), domain=window)
-        out.add("alerts", Section.SLO, "Firing alerts", chart)
+        firing = intervals.collect()
+        # No alert fired: the verdicts say "none"; an empty timeline would add nothing.
+        if not firing.is_empty():
+            chart = alert_bands_chart(firing, domain=window)
+            out.add("alerts", Section.SLO, "Firing alerts", chart)
 
 
 def _engine(
@@ -538,28 +633,43 @@ def _engine(
     for slug_, title, frame, builder in panels:
         rows = _in_window(frame, "minute_ts", window).collect() if frame is not None else None
         if rows is None or rows.is_empty():
-            out.omit(title, f"no data: needs {slug_.replace('-', '_')} metric rollups")
+            out.omit(title, f"no scraped vLLM series for it in this window: {SCRAPE_HINT}")
             continue
         out.add(slug_, Section.ENGINE, title, builder(rows, domain=window))
 
     title = "Token throughput"
     if inputs.token_throughput is not None:
         tokens = _in_window(inputs.token_throughput, "minute_ts", window).collect()
-        source = "vLLM prompt_tokens_total and generation_tokens_total"
+        source = COUNTER_SOURCE
     elif inputs.request_minutes is not None:
         minutes = _in_window(inputs.request_minutes, "minute_ts", window)
         tokens = throughput_from_request_minutes(minutes).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     elif requests is not None:
         tokens = throughput_from_request_minutes(request_minutes(requests.lazy())).collect()
-        source = "traced requests, by the minute each finished"
+        source = TRACES_SOURCE
     else:
         tokens, source = pl.DataFrame(), ""
     if tokens.is_empty():
-        out.omit(title, "no data: needs token_throughput, request_minutes or requests")
+        out.omit(title, f"no token counts in this window: {SCRAPE_HINT}, or {TRACES_HINT}")
     else:
         chart = token_throughput_chart(tokens, source=source, domain=window)
         out.add("token-throughput", Section.ENGINE, title, chart)
+
+
+def _load_balance(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> None:
+    title = "Load balance across replicas"
+    minutes = (
+        None
+        if inputs.request_minutes is None
+        else _in_window(inputs.request_minutes, "minute_ts", window)
+        .filter(pl.col("replica").is_not_null())
+        .collect()
+    )
+    if minutes is None or minutes.is_empty():
+        out.omit(title, f"no traced requests by replica in this window: {TRACES_HINT}")
+        return
+    out.add("load-balance", Section.REQUESTS, title, load_balance_chart(minutes, domain=window))
 
 
 def _request_mix(
@@ -575,7 +685,7 @@ def _request_mix(
     else:
         reasons, source = pl.DataFrame(), ""
     if reasons.is_empty():
-        out.omit(title, "no data: needs finish_reasons or requests")
+        out.omit(title, f"no finished requests in this window: {SCRAPE_HINT}, or {TRACES_HINT}")
     else:
         chart = finish_reason_chart(reasons, source=source, domain=window)
         out.add("finish-reasons", Section.REQUESTS, title, chart)
@@ -594,7 +704,7 @@ def _request_mix(
         else:
             lengths, source = pl.DataFrame(), ""
         if lengths.is_empty():
-            out.omit(kind.title, "no data: needs request_lengths or requests")
+            out.omit(kind.title, f"no request lengths in this window: {TRACES_HINT}")
             continue
         chart = request_length_chart(lengths, kind=kind, source=source, domain=window)
         out.add(f"{kind.value}-length", Section.REQUESTS, kind.title, chart)
@@ -604,7 +714,19 @@ def _gpu(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
     title = "GPU health"
     rows = _in_window(inputs.gpu, "minute_ts", window).collect() if inputs.gpu is not None else None
     if rows is None or rows.is_empty():
-        out.omit(title, "no data: needs gpu (DCGM rollups joined to replicas)")
+        unmatched = (
+            inputs.unmatched_gpus is not None
+            and inputs.unmatched_gpus.lazy().select(pl.len()).collect().item() != 0
+        )
+        out.omit(
+            title,
+            "the scraped GPUs serve no replica servewatch can tell (listed among the facts): "
+            "scrape dcgm-exporter with its Kubernetes pod mapping, or run one replica per host "
+            "(docs/catalogues.md)"
+            if unmatched
+            else 'no DCGM series in this window: add dcgm-exporter targets (kind = "dcgm") to '
+            "servewatch.toml",
+        )
         return
     xids = (
         _in_window(inputs.xid_events, "ts", window).collect()
@@ -614,17 +736,25 @@ def _gpu(out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None) -> N
     out.add(
         "gpu-health", Section.GPU, title, gpu_health_chart(rows, xid_events=xids, domain=window)
     )
+    chart = gpu_replicas_chart(rows, domain=window)
+    out.add("gpu-replicas", Section.GPU, "GPUs per replica (DCGM)", chart)
+    unmatched = None if inputs.unmatched_gpus is None else inputs.unmatched_gpus.lazy().collect()
+    if unmatched is not None and not unmatched.is_empty():
+        out.add(
+            "gpu-unmatched", Section.GPU, "GPUs serving no replica", gpu_unmatched_chart(unmatched)
+        )
 
 
 def _capacity(out: _Builder, inputs: ReportInputs) -> None:
-    if inputs.capacity is None:
-        out.omit("Capacity curve", "no data: needs a capacity fit and its points")
-    else:
+    """The capacity answer's charts; without a recommendation, one line says how to get one."""
+    views = (inputs.capacity_answer, inputs.capacity, inputs.failure_table, inputs.tornado)
+    if all(view is None for view in (*views, inputs.drill)):
+        out.omit("Capacity answer", f"no capacity requirement was given: {REQUIREMENT_HINT}")
+        return
+    if inputs.capacity is not None:
         chart = capacity_curve_chart(inputs.capacity.points, curve=inputs.capacity.curve)
         out.add("capacity-curve", Section.CAPACITY, "Capacity curve", chart)
-    if inputs.failure_table is None:
-        out.omit("Failure table", "no data: needs a failure table")
-    else:
+    if inputs.failure_table is not None:
         view = inputs.failure_table
         chart = failure_table_chart(
             view.rows,
@@ -633,16 +763,12 @@ def _capacity(out: _Builder, inputs: ReportInputs) -> None:
             failure_unit=view.failure_unit,
         )
         out.add("failure-table", Section.CAPACITY, "Failure table", chart)
-    if inputs.tornado is None:
-        out.omit("Sensitivity tornado", "no data: needs a risk assessment")
-    else:
+    if inputs.tornado is not None:
         chart = tornado_chart(
             inputs.tornado.rows, baseline_replicas=inputs.tornado.baseline_replicas
         )
         out.add("sensitivity-tornado", Section.CAPACITY, "Sensitivity tornado", chart)
-    if inputs.drill is None:
-        out.omit("Failure drill", "no data: needs a recommendation drilled with a fitted engine")
-    else:
+    if inputs.drill is not None:
         drill = inputs.drill
         chart = drill_timeline_chart(
             drill.minutes,

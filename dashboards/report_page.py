@@ -26,10 +26,43 @@ import vl_convert
 
 # The libraries as globals, which is what the bootstrap below expects.
 BUNDLE_SNIPPET = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
-# The bootstrap embeds every chart, records failures on the console, and marks the page done
+# The bootstrap makes tables sortable (by each cell's data-value: numbers as numbers, names in
+# natural order), embeds every chart, records failures on the console, and marks the page done
 # (`data-charts`) so a browser test knows when to look.
 BOOTSTRAP_JS = """
 (() => {
+  document.querySelectorAll("table.sortable").forEach((table) => {
+    const body = table.tBodies[0];
+    const headers = Array.from(table.querySelectorAll("thead th"));
+    headers.forEach((th, index) => {
+      th.tabIndex = 0;
+      const sort = () => {
+        const ascending = th.getAttribute("aria-sort") !== "ascending";
+        headers.forEach((h) => h.removeAttribute("aria-sort"));
+        th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        const numeric = th.dataset.sort === "number";
+        const value = (row) => {
+          const cell = row.children[index];
+          return cell.dataset.value !== undefined ? cell.dataset.value : cell.textContent;
+        };
+        const rows = Array.from(body.rows);
+        rows.sort((a, b) => {
+          const x = value(a);
+          const y = value(b);
+          if (numeric && (x === "" || y === "")) {
+            return x === y ? 0 : x === "" ? 1 : -1;  // no value: last either way
+          }
+          const order = numeric
+            ? parseFloat(x) - parseFloat(y)
+            : x.localeCompare(y, "en", { numeric: true });
+          return ascending ? order : -order;
+        });
+        rows.forEach((row) => body.appendChild(row));
+      };
+      th.addEventListener("click", sort);
+      th.addEventListener("keydown", (event) => { if (event.key === "Enter") { sort(); } });
+    });
+  });
   const specs = JSON.parse(document.getElementById("servewatch-specs").textContent);
   const options = {
     renderer: "svg",
@@ -64,6 +97,22 @@ figcaption { font-size: 0.85em; color: #555; }
 figcaption a { color: #555; }
 nav ul { columns: 2; }
 .omitted { color: #555; font-size: 0.9em; }
+.quiet { color: #666; font-size: 0.85em; }
+table.verdicts, table.replicas { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
+table.verdicts th, table.verdicts td, table.replicas th, table.replicas td {
+  border-bottom: 1px solid #eee; padding: 4px 10px 4px 0; text-align: left; vertical-align: top;
+}
+table.replicas td { text-align: right; font-variant-numeric: tabular-nums; }
+caption { caption-side: bottom; text-align: left; font-size: 0.85em; color: #555; }
+tr.verdict-met td.verdict { color: #1a7f37; font-weight: 600; }
+tr.verdict-missed td.verdict { color: #c0392b; font-weight: 600; }
+tr.verdict-no-data td.verdict { color: #777; font-weight: 600; }
+td.firing { color: #c0392b; }
+table.sortable thead th { cursor: pointer; white-space: nowrap; }
+table.sortable thead th[aria-sort="ascending"]::after { content: " \\25B2"; }
+table.sortable thead th[aria-sort="descending"]::after { content: " \\25BC"; }
+tr.bad th, tr.bad td { color: #c0392b; font-weight: 600; }
+.capacity-answer .headline { font-size: 1.1em; font-weight: 600; margin: 8px 0; }
 """
 
 
@@ -137,6 +186,10 @@ def _figure(chart: PageChart, *, files_folder: str | None) -> str:
     )
 
 
+def _section_id(title: str) -> str:
+    return "section-" + "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
+
+
 def render_page(
     *,
     title: str,
@@ -144,23 +197,49 @@ def render_page(
     charts: Sequence[PageChart],
     omitted: Sequence[tuple[str, str]],
     files_folder: str | None = "charts",
+    lead: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """The whole report page as one string."""
+    """The whole report page as one string. `lead` is (section title, HTML) for the sections
+    that open with an answer (already escaped markup, built by this package), in page order
+    and before the other charts' sections; a chart of such a section follows its answer."""
     bundle = vega_bundle()
     specs = {chart.slug: chart.spec for chart in charts}
-    sections: dict[str, list[PageChart]] = {}
+    sections: dict[str, list[PageChart]] = {section: [] for section, _ in lead}
     for chart in charts:
         sections.setdefault(chart.section, []).append(chart)
+    answers = dict(lead)
     toc = "".join(
         f'<li><a href="#figure-{html.escape(c.slug)}">{html.escape(c.title)}</a></li>'
         for c in charts
+        if c.section not in answers
     )
-    body = "".join(
-        f"<section><h2>{html.escape(section)}</h2>"
-        + "".join(_figure(c, files_folder=files_folder) for c in members)
-        + "</section>"
-        for section, members in sections.items()
+
+    def section_html(section: str, members: Sequence[PageChart]) -> str:
+        return (
+            f'<section id="{_section_id(section)}"><h2>{html.escape(section)}</h2>'
+            + answers.get(section, "")
+            + "".join(_figure(c, files_folder=files_folder) for c in members)
+            + "</section>"
+        )
+
+    # The answers open the page, under the title and the window; the facts and the detail
+    # charts with their contents follow.
+    answered = "".join(section_html(s, m) for s, m in sections.items() if s in answers)
+    details = "".join(section_html(s, m) for s, m in sections.items() if s not in answers)
+    window = [(k, v) for k, v in facts if k == "window"]
+    others = [(k, v) for k, v in facts if k != "window"]
+    numbers = (
+        f'<section id="section-the-window"><h2>The window in numbers</h2>'
+        f"{_facts_table(others)}</section>"
+        if others and answers
+        else _facts_table(others)
     )
+    contents = (
+        f"<nav><h2>Detail charts</h2><ul>{toc}</ul></nav>"
+        if answers
+        else (f"<nav><ul>{toc}</ul></nav>")
+    )
+    body = answered + numbers + contents + details
     missing = ""
     if omitted:
         items = "".join(
@@ -175,8 +254,8 @@ def render_page(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
         f"<script>{bundle}</script></head><body>"
-        f"<header><h1>{html.escape(title)}</h1>{_facts_table(facts)}</header>"
-        f"<nav><ul>{toc}</ul></nav>{body}{missing}"
+        f"<header><h1>{html.escape(title)}</h1>{_facts_table(window)}</header>"
+        f"{body}{missing}"
         f'<script type="application/json" id="servewatch-specs">{script_json(specs)}</script>'
         f"<script>{BOOTSTRAP_JS}</script>"
         "<noscript>The charts need JavaScript; the PNG and SVG files beside this page hold the "

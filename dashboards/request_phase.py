@@ -6,12 +6,16 @@ request (sum of the phase's time / requests) separates the two, and it adds exac
 bucket, so downsampling loses nothing. The frame holds, per minute and phase, the summed time
 and the request count: a histogram's `_sum` and `_count` increases, or traced requests
 (`phases_from_requests`).
+
+Each phase gets its own panel and scale: decode takes seconds where queue and prefill take
+milliseconds, and on one shared axis the short phases are flat lines along zero whatever they do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import altair as alt
 import polars as pl
 
 from servewatch.dashboards.columns import MINUTE_TS, Column, ColumnKind, FrameContract
@@ -77,23 +81,27 @@ def request_phase_chart(
     )
     known = [p for p in PHASES if p in set(data["phase"].to_list())]
     order = known + sorted(set(data["phase"].to_list()) - set(PHASES))
-    lines = series_lines(
-        data,
-        y="mean_s",
-        y_title="mean time per request (s)",
-        color="phase",
-        color_title="phase",
-        domain=domain,
-        order=order,
-        points=buckets.minutes <= 30,
-    )
+    panels = [
+        series_lines(
+            data.filter(pl.col("phase") == phase),
+            y="mean_s",
+            y_title=f"{phase}: mean per request (s)",
+            color="phase",
+            color_title="phase",
+            domain=domain,
+            order=order,
+            points=buckets.minutes <= 30,
+        ).properties(width=WIDTH_PX, height=HEIGHT_PX // 2)
+        for phase in order
+    ]
     subtitle = [
         (
             f"Mean seconds per request in each phase per {buckets.label}, from {source} "
             "(phase time summed / requests, exact over any bucket)."
         ),
+        "One panel and scale per phase: queue and prefill are far shorter than decode.",
     ]
     if buckets.downsampled:
         subtitle.append(buckets.note_with("mean over all requests that finished in it"))
-    chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
+    chart = alt.vconcat(*panels).resolve_scale(x="shared", y="independent", color="shared")
     return titled(chart, title="Queue, prefill and decode time per request", subtitle=subtitle)

@@ -1,8 +1,11 @@
 """Token throughput: prompt and generation tokens per second for the fleet.
 
-Input is token counts per minute (a counter's increase, or the tokens of the requests that
-finished in the minute, as `request_minutes` holds them), optionally per replica. Counts add, so
-a bucket's rate is its total over its length: downsampling keeps the rate exact.
+Input is token counts per minute (a counter's increases spread over their scrape intervals, as
+`pipeline.counter_spread` does, or the tokens of the requests that finished in the minute, as
+`request_minutes` holds them), optionally per replica. Counts add, so a bucket's rate is its
+total over its length and downsampling changes nothing but the resolution. The subtitle names
+the source and how its counts reached the minutes, since that is what decides whether a
+bucket's rate follows the traffic or the scrape schedule.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from servewatch.dashboards.panel import (
     series_lines,
     titled,
 )
+
+# How the metric frame counts tokens (pipeline.metric_frames), for the subtitle.
+COUNTER_SOURCE = (
+    "vLLM's prompt_tokens_total and generation_tokens_total counters, each increase spread "
+    "evenly over the time between its two scrapes"
+)
+TRACES_SOURCE = "traced requests, each counted in the minute it finished"
 
 THROUGHPUT_CONTRACT = FrameContract(
     "token throughput chart",
@@ -47,7 +57,7 @@ def throughput_from_request_minutes(request_minutes: pl.LazyFrame) -> pl.LazyFra
 def token_throughput_chart(
     frame: pl.DataFrame | pl.LazyFrame,
     *,
-    source: str = "traced requests, by the minute each finished",
+    source: str = TRACES_SOURCE,
     domain: TimeDomain | None = None,
     max_points: int = MAX_POINTS_PER_SERIES,
 ) -> Any:
@@ -75,8 +85,11 @@ def token_throughput_chart(
         points=buckets.minutes <= 30,
     )
     subtitle = [
-        f"Fleet tokens per second, summed over replicas, per {buckets.label}; from {source}.",
-        buckets.note_with("total tokens in it / its length (exact)"),
+        (
+            f"Fleet tokens per second per {buckets.label}: tokens counted in it, summed over "
+            f"replicas, / its length; from {source}."
+        ),
+        buckets.note_with("tokens in it / its length"),
     ]
     chart = lines.properties(width=WIDTH_PX, height=HEIGHT_PX)
     return titled(chart, title="Token throughput", subtitle=[s for s in subtitle if s])

@@ -30,7 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, host_gpus
 from servewatch.emulator.engine_pages import EnginePagesObserver
 from servewatch.emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
 from servewatch.emulator.fleet import FleetSimulation
@@ -98,6 +98,9 @@ class FixtureTarget:
     pool: str | None = None
     gpus: int = 1
     namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
+    # The UUIDs of a replica's whole GPUs, as an operator lists them for replicas that share
+    # a host (empty for DCGM targets and MIG slices, whose UUID is the shared parent's).
+    gpu_uuids: tuple[str, ...] = ()
 
     @property
     def replica_label(self) -> str:
@@ -129,6 +132,8 @@ class FixtureTarget:
             "gpus": self.gpus,
             "pages": self.pages_dir,
         }
+        if self.gpu_uuids:
+            out["gpu_uuids"] = list(self.gpu_uuids)
         if self.engine is not None and self.engine is not EngineKind.VLLM:
             out["engine"] = self.engine.value
         return out
@@ -145,6 +150,11 @@ def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]
                     f"{what} name {value!r} cannot name a page folder: use letters, digits, "
                     "'.', '_' and '-', starting with a letter or digit"
                 )
+    uuids: dict[str, list[str]] = {}
+    for devices in host_gpus(placement_list).values():
+        for device in devices:
+            if device.gpu_instance is None:
+                uuids.setdefault(device.replica, []).append(device.uuid)
     targets = [
         FixtureTarget(
             kind=ENGINE_TARGET_KINDS[p.engine],
@@ -156,6 +166,7 @@ def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]
             pool=p.pool,
             gpus=p.gpus,
             namespace=p.namespace,
+            gpu_uuids=tuple(uuids.get(p.replica, ())),
             engine=p.engine,
         )
         for p in placement_list

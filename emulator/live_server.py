@@ -60,6 +60,7 @@ class LiveTarget:
     port: int
     namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
     path: str = METRICS_PATH  # where the page is (the engine's own path)
+    gpu_uuids: tuple[str, ...] = ()  # a replica's whole GPUs (see FixtureTarget)
 
     @property
     def target_id(self) -> str:
@@ -82,6 +83,8 @@ class LiveTarget:
             labels = {"pod": self.name, "namespace": self.namespace, **labels}
         elif self.kind is not TargetKind.DCGM:
             labels = {"replica": self.name, **labels}
+        if self.gpu_uuids:
+            labels["gpu_uuids"] = ",".join(self.gpu_uuids)
         return labels
 
 
@@ -271,6 +274,7 @@ class LiveFleetServer:
                 port=self._endpoints[t.target_id].port,
                 namespace=t.namespace,
                 path=self._paths[t.target_id],
+                gpu_uuids=t.gpu_uuids,
             )
             for t in self._targets
         ]

@@ -121,7 +121,10 @@ def domain_minutes(
 def loss_runs(minutes: pl.LazyFrame, *, min_targets: int, min_hosts: int = 1) -> pl.LazyFrame:
     """Runs of minutes in which every target of a domain failed: domain, start_ts, last_ts (the
     run's last failed minute), end_ts (the first minute after it in which a target answered;
-    null while none has), failed_minutes, targets, hosts."""
+    null while none has), failed_minutes (wall-clock minutes from start_ts to end_ts, or through
+    last_ts while ongoing), scraped_minutes (the minutes among them that had scrapes, all
+    failed: fewer than failed_minutes when scrapes are more than a minute apart), targets,
+    hosts."""
     lost = (pl.col("failed_targets") == pl.col("domain_targets")) & (
         pl.col("scraped_targets") == pl.col("domain_targets")
     )
@@ -148,11 +151,17 @@ def loss_runs(minutes: pl.LazyFrame, *, min_targets: int, min_hosts: int = 1) ->
             pl.col("minute_ts").min().alias("start_ts"),
             pl.col("minute_ts").max().alias("last_ts"),
             pl.col("next_answer").last().alias("end_ts"),
-            pl.len().alias("failed_minutes"),
+            pl.len().alias("scraped_minutes"),
             pl.col("domain_targets").first().alias("targets"),
             pl.col("domain_hosts").first().alias("hosts"),
         )
         .drop("run")
+        .with_columns(
+            failed_minutes=(
+                pl.coalesce("end_ts", pl.col("last_ts") + pl.duration(minutes=1))
+                - pl.col("start_ts")
+            ).dt.total_minutes()
+        )
         .sort("domain", "start_ts")
     )
 
@@ -295,8 +304,15 @@ class DependencyReview:
 
     def _loss(self, unit: ScopeUnit, row: dict[str, Any], names: list[str]) -> Finding:
         name, targets_n, failed = row["domain"], row["targets"], row["failed_minutes"]
-        # Each further target-minute failing in lockstep halves the odds of coincidence.
-        confidence = min(0.99, 1.0 - 0.5 ** ((targets_n - 1) * failed))
+        scraped = row["scraped_minutes"]
+        # Each further target-minute failing in lockstep halves the odds of coincidence; only
+        # minutes with scrapes are observations.
+        confidence = min(0.99, 1.0 - 0.5 ** ((targets_n - 1) * scraped))
+        observed = (
+            ""
+            if scraped == failed
+            else f", {scraped} of those minutes scraped, every scrape failing"
+        )
         until = "ongoing" if row["end_ts"] is None else f"until {row['end_ts']:%H:%M}"
         where = f"{unit.value} {name}"
         if unit is ScopeUnit.ZONE:
@@ -310,8 +326,8 @@ class DependencyReview:
             confidence=confidence,
             summary=(
                 f"{where} lost: all {targets_n} of its targets failed their scrapes "
-                f"together for {failed} minute(s) from {row['start_ts']:%H:%M} {until} "
-                f"({unit.value} loss, not {len(names)} replica faults: "
+                f"together for {failed} minute(s) from {row['start_ts']:%H:%M} {until}"
+                f"{observed} ({unit.value} loss, not {len(names)} replica faults: "
                 f"{', '.join(names) or 'no replicas'})"
             ),
             evidence=(
@@ -323,6 +339,7 @@ class DependencyReview:
                 ),
                 Evidence("replicas", float(len(names)), "count"),
                 Evidence("failed_minutes", float(failed), "count"),
+                Evidence("failed_scraped_minutes", float(scraped), "count"),
             ),
             suggestion=(
                 f"treat it as a {unit.value} failure: check "

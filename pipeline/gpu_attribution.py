@@ -7,8 +7,9 @@ is keyed by (hostname, UUID, GPU_I_ID): the slices of one GPU stay apart. In the
 series' host is its target's `host` when given, else its `hostname` label. A replica is known by
 its target (`replica`, `host`, `gpus`), its pod (the `pod` and `namespace` labels of its engine
 series, as a Kubernetes-discovering Prometheus attaches them, else a replica named
-`<namespace>/<pod>`), and optionally a list of GPU UUIDs (the store's targets carry none; the
-rule serves callers that know them). A DCGM target that itself names a replica gives that
+`<namespace>/<pod>`), and optionally the UUIDs of its GPUs (a target's `gpu_uuids`: what its
+CUDA_VISIBLE_DEVICES names, the one way to tell apart replicas sharing a host without
+Kubernetes). A DCGM target that itself names a replica gives that
 replica its GPUs (`target`). Otherwise the rules, first that applies:
 
 1. pod: a GPU naming a pod and namespace goes to the replica with that pod and namespace. A
@@ -379,6 +380,7 @@ def replica_identities(dimensions: pl.LazyFrame) -> pl.LazyFrame:
         .agg(
             hostname=pl.col("host").drop_nulls().first(),
             gpus=pl.col("gpus").drop_nulls().first().cast(pl.Int64),
+            gpu_uuids=pl.col("gpu_uuids").drop_nulls().first(),
             _pod=pl.col("_pod").drop_nulls().first(),
             _namespace=pl.col("_namespace").drop_nulls().first(),
         )
@@ -396,7 +398,7 @@ def replica_identities(dimensions: pl.LazyFrame) -> pl.LazyFrame:
                 )
             ),
             hostname="hostname",
-            gpu_uuids=pl.lit(None, dtype=pl.List(pl.String())),
+            gpu_uuids="gpu_uuids",
             gpus="gpus",
         )
     )

@@ -2,7 +2,9 @@
 usage, prefix-cache hits and queries, running and waiting requests with preemptions, token
 throughput, and latency percentiles from the histograms (the only source of inter-token
 latency). Counts are reset-corrected increments between samples, by the minute of the later
-sample (exact whatever the scrape interval); gauges are minute means.
+sample (exact whatever the scrape interval), except token throughput, whose increases are spread
+over the time between their samples (`counter_spread`) since it is read as a rate over time;
+gauges are minute means.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from datetime import datetime
 
 import polars as pl
 
+from servewatch.pipeline.counter_spread import spread_counter_minutes
 from servewatch.pipeline.gpu_attribution import unmatched_gpu_readings
 from servewatch.pipeline.metric_minutes import MINUTE_S, minute_ends_s
 from servewatch.pipeline.metric_sli import (
@@ -43,10 +46,16 @@ def _minute(frame: pl.LazyFrame) -> pl.LazyFrame:
 
 # The GPU health chart's columns: (column, signal), each replica's GPUs folded by the signal's
 # aggregation (mean activity, summed power, hottest GPU).
+# The rest are the per-replica GPU panels' (the DCGM exporter dashboard's signals).
 GPU_COLUMNS: tuple[tuple[str, Signal], ...] = (
     ("tensor_active_ratio", Signal.GPU_TENSOR_ACTIVE_RATIO),
     ("power_w", Signal.GPU_POWER_W),
     ("temperature_c", Signal.GPU_TEMPERATURE_C),
+    ("gpu_util_ratio", Signal.GPU_UTIL_RATIO),
+    ("graphics_active_ratio", Signal.GPU_GRAPHICS_ACTIVE_RATIO),
+    ("sm_clock_hz", Signal.GPU_SM_CLOCK_HZ),
+    ("fb_used_bytes", Signal.GPU_FB_USED_BYTES),
+    ("fb_free_bytes", Signal.GPU_FB_FREE_BYTES),
 )
 
 
@@ -113,12 +122,23 @@ def metric_minute_frames(
         chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
         return counter_minutes(points, chosen, by=["replica"], name=name)
 
+    def spread(signal: Signal, name: str) -> pl.LazyFrame:
+        chosen = dimensions.filter((pl.col("signal") == signal.value) & pl.col("le").is_null())
+        return spread_counter_minutes(points, chosen, by=["replica"], name=name)
+
     def quantiles(signal: Signal, q: float) -> pl.LazyFrame:
         buckets = dimensions.filter(
             (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
         ).select("series_id", "le")
         summed = counter_minutes(points, buckets, by=["le"], name="delta")
         return histogram_quantile_frame(summed, q=q, by=["minute_ts"], count_column="delta")
+
+    def histogram(stat: str, signal: Signal) -> pl.LazyFrame:
+        buckets = dimensions.filter(
+            (pl.col("signal") == signal.value) & pl.col("le").is_not_null()
+        ).select("series_id", "le")
+        counted = counter_minutes(points, buckets, by=["le"], name="count")
+        return counted.select("minute_ts", stat=pl.lit(stat), le="le", count="count")
 
     on = ["replica", "minute_ts"]
     scheduler = (
@@ -132,8 +152,10 @@ def metric_minute_frames(
         how="full",
         coalesce=True,
     )
-    throughput = counter(Signal.PROMPT_TOKENS, "prompt_tokens").join(
-        counter(Signal.GENERATION_TOKENS, "generation_tokens"), on=on, how="full", coalesce=True
+    # Rates over time: each increase spread over its scrape interval, so that buckets not
+    # aligned to scrapes draw the traffic, not the scrape schedule.
+    throughput = spread(Signal.PROMPT_TOKENS, "prompt_tokens").join(
+        spread(Signal.GENERATION_TOKENS, "generation_tokens"), on=on, how="full", coalesce=True
     )
     latency = pl.concat(
         [
@@ -156,4 +178,7 @@ def metric_minute_frames(
         "scheduler_state": scheduler,
         "token_throughput": throughput,
         "latency_percentiles": latency,
+        "latency_buckets": pl.concat(
+            [histogram(stat, signal) for stat, signal in LATENCY_SIGNALS], how="vertical_relaxed"
+        ),
     }

@@ -43,11 +43,16 @@ def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFra
     `gpu_attribution` (its `gpu_rule` column says by which rule, or why none), never every
     replica of their host."""
     label = pl.col("labels").str.json_path_match
-    if "gpus" not in targets.collect_schema().names():
+    names = targets.collect_schema().names()
+    if "gpus" not in names:
         targets = targets.with_columns(gpus=pl.lit(None, pl.Int32()))
+    if "gpu_uuids" not in names:
+        targets = targets.with_columns(gpu_uuids=pl.lit(None, pl.List(pl.String())))
     dimensions = (
         series.join(
-            targets.select("target_id", *DIMENSIONS, "gpus").rename({"model": "target_model"}),
+            targets.select("target_id", *DIMENSIONS, "gpus", "gpu_uuids").rename(
+                {"model": "target_model"}
+            ),
             on="target_id",
             how="left",
         )

@@ -31,6 +31,7 @@ from servewatch.pipeline.metric_sli import (
     histogram_quantiles,
     latency_quantiles,
 )
+from servewatch.pipeline.natural_sort import natural_key
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from servewatch.pipeline.signals import Signal
 from servewatch.pipeline.window import POINTS_LEAD, Window
@@ -106,7 +107,13 @@ class SliSource(Enum):
 def _groups(frame: pl.DataFrame, column: str | None) -> list[dict[str, Any]]:
     if column is None:
         return []
-    return [{column: row[column], **_row_to_json(row)} for row in frame.iter_rows(named=True)]
+    rows = sorted(frame.iter_rows(named=True), key=lambda row: _group_key(row[column]))
+    return [{column: row[column], **_row_to_json(row)} for row in rows]
+
+
+def _group_key(value: Any) -> tuple[tuple[int, int | str], ...]:
+    """Groups in natural order (vllm-2 before vllm-10), an unknown group last."""
+    return natural_key(None if value is None else str(value))
 
 
 def points_window(step: timedelta | None) -> dict[str, timedelta]:
@@ -442,9 +449,7 @@ def histogram_section(
         grouped = _blocks(*collected["group", "whole"], column=column, window_s=window_s)
         section["groups"] = [
             {column: key[0], **block}
-            for key, block in sorted(
-                grouped.items(), key=lambda item: (item[0][0] is None, str(item[0][0]))
-            )
+            for key, block in sorted(grouped.items(), key=lambda item: _group_key(item[0][0]))
         ]
     if step is not None:
         step_s = step.total_seconds()
@@ -465,7 +470,7 @@ def histogram_section(
                     {column: key[0], **block}
                     for key, block in sorted(
                         group_windows.items(),
-                        key=lambda item: (item[0][0] is None, str(item[0][0])),
+                        key=lambda item: _group_key(item[0][0]),
                     )
                     if key[1] == end_s
                 ]

@@ -69,6 +69,7 @@ TARGETS_SCHEMA = pl.Schema(
         "gpus": pl.Int32(),
         "first_seen_ts": TIMESTAMP,
         "last_seen_ts": TIMESTAMP,
+        "gpu_uuids": pl.List(pl.String()),
     }
 )
 

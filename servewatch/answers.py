@@ -1,10 +1,11 @@
 """Answers: the JSON documents the reading commands print with `--json` and the `run` service's
 API answers, each built by one function from the store, so the two cannot drift apart.
 
-`servewatch slo status --json` and `GET /api/v1/slo` are the same document, as are `alerts`
-and `/api/v1/alerts`, `recommend --last` and `/api/v1/recommendation`. `sli` and `health`
-compute theirs from a store window (`sli_answer`, `health_answer`), which a reading command
-reads from the store or, while the service holds it, from the service's `/api/v1/window`.
+`servewatch slo status --json` and `GET /api/v1/slo` are the same document (evaluated at the
+same instant: `--at`, else the end of the data), as are `alerts` and `/api/v1/alerts`, and
+`recommend --last` and `/api/v1/recommendation`. `sli` and `health` compute theirs from a store
+window (`sli_answer`, `health_answer`), which a reading command reads from the store or, while
+the service holds it, from the service's `/api/v1/window`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from servewatch.health_service import finding_json, health_findings, health_window
-from servewatch.pipeline.instants import format_instant
+from servewatch.pipeline.instants import format_instant, parse_instant
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report
 from servewatch.pipeline.window import Window
 from servewatch.render import change_json
-from servewatch.slo.alert_state import changes_from_frame
+from servewatch.slo.alert_state import AlertState, changes_from_frame
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import status_at
+from servewatch.slo_service import EvaluationInstant, InstantBasis, evaluation_instant, status_at
 from servewatch.store import Store, utc_now
 
 
@@ -30,17 +31,56 @@ class NoRecommendationError(LookupError):
     """The store holds no recommendation yet."""
 
 
-def slo_answer(store: Store, *, specs: Sequence[SloSpec], at: datetime | None) -> dict[str, Any]:
-    """`slo status --json`: every SLO's budget, burn rates and alert state at `at` (None: now)."""
-    moment = at or utc_now()
-    statuses = status_at(store, specs=specs, at=moment)
-    return {"at": format_instant(moment), "slos": [s.to_json() for s in statuses]}
+def slo_answer(
+    store: Store, *, specs: Sequence[SloSpec], at: datetime | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """`slo status --json`: every SLO's budget, burn rates and alert state at `at` (None: the
+    end of the data the SLOs read), and which instant was evaluated and why."""
+    moment = evaluation_instant(store, specs=specs, at=at, now=now or utc_now())
+    statuses = status_at(store, specs=specs, at=moment.at)
+    return {
+        "at": format_instant(moment.at),
+        "evaluated": moment.to_json(),
+        "slos": [s.to_json() for s in statuses],
+    }
 
 
-def alerts_answer(store: Store) -> dict[str, Any]:
-    """`alerts --json`: the alert state history recorded by evaluations."""
-    changes = changes_from_frame(store.read_alert_changes().collect())
-    return {"alerts": [change_json(c) for c in changes]}
+def alerts_answer(
+    store: Store, *, at: datetime | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """`alerts --json`: the alert state history up to `at` (None: the end of the stored data)
+    and the alerts firing then."""
+    moment = evaluation_instant(store, specs=(), at=at, now=now or utc_now())
+    recorded = changes_from_frame(store.read_alert_changes().collect())
+    changes = sorted(
+        (c for c in recorded if c.changed_ts <= moment.at),
+        key=lambda c: (c.changed_ts, c.key.sort_key()),
+    )
+    latest = {c.key: c for c in changes}
+    firing = [c for c in latest.values() if c.state is AlertState.FIRING]
+    return {
+        "at": format_instant(moment.at),
+        "evaluated": moment.to_json(),
+        "alerts": [change_json(c) for c in changes],
+        "firing": [change_json(c) for c in sorted(firing, key=lambda c: c.key.sort_key())],
+    }
+
+
+def described(document: dict[str, Any]) -> str:
+    """The sentence naming the instant an answer's `evaluated` part was evaluated at."""
+    evaluated = document["evaluated"]
+
+    def moment(text: str | None) -> datetime | None:
+        return None if text is None else parse_instant(text)
+
+    at = moment(evaluated["at"])
+    assert at is not None
+    return EvaluationInstant(
+        at=at,
+        basis=InstantBasis(evaluated["basis"]),
+        requested=moment(evaluated["requested"]),
+        data_end=moment(evaluated["data_end"]),
+    ).describe()
 
 
 def recommendation_answer(store: Store) -> dict[str, Any]:

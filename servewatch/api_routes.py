@@ -5,7 +5,7 @@ command reads its options, then answered with that command's `--json` document
 Parameters mirror the options: `sli` takes from, to, ttft_ms, tpot_ms, e2e_ms, by, window,
 source and metric (repeatable); `health` takes from, to, version_label and zone_loss; `slo`
 takes at and slo (repeatable: the SLOs to answer for, by name; all the service evaluates when
-none); `alerts` and `recommendation` take none. Store reads run on the writer's thread between
+none); `alerts` takes at; `recommendation` none. Store reads run on the writer's thread between
 writes; what is computed from a window runs on the request's own thread.
 """
 
@@ -165,8 +165,9 @@ class ApiRoutes:
         return answer
 
     def alerts(self, params: Params) -> dict[str, Any]:
-        only(params, ())
-        answer: dict[str, Any] = self.call(alerts_answer)
+        only(params, ("at",))
+        at = _instant(params, "at")
+        answer: dict[str, Any] = self.call(lambda store: alerts_answer(store, at=at))
         return answer
 
     def recommendation(self, params: Params) -> dict[str, Any]:

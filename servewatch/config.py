@@ -18,6 +18,7 @@ from servewatch.collectors.scrape.targets import (
     TargetError,
     check_scrape_url,
     gpu_count,
+    gpu_uuid_list,
     target_from_labels,
 )
 from servewatch.collectors.traces.receiver import ReceiverConfig
@@ -127,7 +128,18 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     for this target (a timeout longer than the target's interval is refused)."""
     labels = {
         k: section.raw(k)
-        for k in ("kind", "replica", "host", "zone", "model", "pool", "gpus", "pod", "namespace")
+        for k in (
+            "kind",
+            "replica",
+            "host",
+            "zone",
+            "model",
+            "pool",
+            "gpus",
+            "gpu_uuids",
+            "pod",
+            "namespace",
+        )
     }
     url = section.text("url")
     if url is None:
@@ -152,6 +164,11 @@ def _target(section: _Section, scrape: ScrapeSettings) -> Target:
             gpu_count(labels["gpus"])
     except ValueError as exc:
         raise section.fail("gpus", str(exc)) from exc
+    try:
+        if labels["gpu_uuids"] is not None:
+            gpu_uuid_list(labels["gpu_uuids"])
+    except ValueError as exc:
+        raise section.fail("gpu_uuids", str(exc)) from exc
     try:
         return target_from_labels(url, labels, where=f"{section.where}: {section.path}")
     except TargetError as exc:

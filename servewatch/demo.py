@@ -39,7 +39,7 @@ from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, Distribution
 from servewatch.health_service import finding_json, health_findings
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.recommend_service import recommend_from_store
-from servewatch.report_service import window_report
+from servewatch.report_service import slo_views, window_report
 from servewatch.service import Service
 from servewatch.slo.alert_state import changes_to_frame
 from servewatch.slo.alerting import replay as replay_alerts
@@ -248,7 +248,10 @@ def run_demo(
         with process_map() as mapper:
             record, _ = recommend_from_store(store, requirement=requirement, mapper=mapper)
         progress("writing the report")
-        report = window_report(window, limits=DEMO_LIMITS, findings=findings, record=record)
+        slos = slo_views(store, specs=specs, start=start, end=end)
+        report = window_report(
+            window, limits=DEMO_LIMITS, findings=findings, record=record, slos=slos
+        )
         files = write_report(report, out / "report")
     (out / "decision.md").write_text(record.to_markdown(), encoding="utf-8")
     (out / "decision.json").write_text(json.dumps(record.to_json(), indent=2), encoding="utf-8")

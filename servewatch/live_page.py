@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from servewatch.dashboards.export import chart_specs, report_html, spec_json
-from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.report_service import store_report
+from servewatch.report_service import limits_of, store_report
+from servewatch.slo.spec import SloSpec
 from servewatch.store import Store
 
 
@@ -51,13 +51,14 @@ def page_key(store: Store) -> PageKey:
     )
 
 
-def build_page(store: Store, *, key: Hashable, limits: GoodputLimits) -> BuiltPage:
-    """The report page of the whole store (no images: the page draws its charts itself)."""
-    report = store_report(store, limits=limits)
-    specs: dict[str, dict[str, Any]] = chart_specs(report)
+def build_page(store: Store, *, key: Hashable, specs: Sequence[SloSpec]) -> BuiltPage:
+    """The report page of the whole store with the verdicts of `specs` (no images: the page
+    draws its charts itself)."""
+    report = store_report(store, limits=limits_of(specs), specs=specs)
+    charts: dict[str, dict[str, Any]] = chart_specs(report)
     return BuiltPage(
-        html=report_html(report, specs),
-        specs={slug: spec_json(spec) for slug, spec in specs.items()},
+        html=report_html(report, charts),
+        specs={slug: spec_json(spec) for slug, spec in charts.items()},
         key=key,
     )
 

@@ -269,10 +269,12 @@ def alerts_table(changes: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def slo_status_table(statuses: Sequence[dict[str, Any]], *, at: str) -> Table:
+def slo_status_table(
+    statuses: Sequence[dict[str, Any]], *, at: str, caption: str | None = None
+) -> Table:
     """SLO statuses from their JSON (`SloStatus.to_json`), as evaluated here or by the service;
     `at` as the document gives it."""
-    table = Table(title=f"SLO status at {at.removesuffix('Z')[:16]} UTC")
+    table = Table(title=f"SLO status at {at.removesuffix('Z')[:16]} UTC", caption=caption)
     for header in (
         "SLO",
         "objective",
@@ -322,7 +324,11 @@ def demo_summary(summary: dict[str, Any]) -> Text:
     lines.append("SLO status at the end of the recording:")
     lines.extend(
         f"  {status['slo']}: {status['good']:,}/{status['total']:,} good, budget left "
-        f"{status['budget_remaining_ratio']:.0%}"
+        + (
+            "no data"
+            if status["budget_remaining_ratio"] is None
+            else f"{status['budget_remaining_ratio']:.0%}"
+        )
         for status in summary["slo_status"]
     )
     fired = summary["alerts_fired"]

@@ -358,9 +358,8 @@ class Service:
         return self.writer.call(task, timeout_s=WINDOW_TIMEOUT_S)
 
     def _build_page(self, key: Hashable) -> BuiltPage:
-        page: BuiltPage = self._read_store(
-            lambda store: build_page(store, key=key, limits=GoodputLimits())
-        )
+        specs = self.state.specs
+        page: BuiltPage = self._read_store(lambda store: build_page(store, key=key, specs=specs))
         return page
 
     def reload_config(self) -> None:

@@ -10,22 +10,29 @@ Both are the same per-minute good/total shape, so budgets and burn rates come ou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
 from pathlib import Path
 
 import polars as pl
 
-from servewatch.pipeline.metric_minutes import MetricCriterion, metric_slo_minutes
+from servewatch.pipeline.metric_minutes import (
+    MetricCriterion,
+    metric_slo_minutes,
+    metric_slo_series,
+)
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
-from servewatch.slo.alert_state import TableAlertStateStore, changes_from_frame
-from servewatch.slo.alerting import Evaluation, step
+from servewatch.slo.alert_state import AlertChange, TableAlertStateStore, changes_from_frame
+from servewatch.slo.alerting import Evaluation, replay, step
+from servewatch.slo.counter_windows import SAMPLES_COLUMNS, window_increases
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
 from servewatch.slo.imports import load_slo_file
 from servewatch.slo.notification import Notifier
-from servewatch.slo.spec import SloSpec
+from servewatch.slo.spec import SliSource, SloSpec
 from servewatch.slo.status import SloStatus, slo_status
-from servewatch.store import Store
+from servewatch.store import Store, utc_now
 from servewatch.store.rollup_job import roll_up_requests
 from servewatch.store.rollups import criteria_fingerprint
 
@@ -51,6 +58,114 @@ def load_specs(paths: Sequence[Path]) -> tuple[tuple[SloSpec, ...], tuple[str, .
     if duplicates:
         raise SloSetupError(f"SLO names must be unique across files; repeated: {duplicates}")
     return tuple(specs), tuple(notes)
+
+
+MINUTE = timedelta(minutes=1)
+
+
+class InstantBasis(Enum):
+    """Why an evaluation ran at its instant."""
+
+    REQUESTED = "requested"  # --at, on a minute boundary
+    REQUESTED_LAST_MINUTE = "requested, last minute counted"  # --at inside the data's last minute
+    REQUESTED_FLOORED = "requested, floored to the minute"  # --at inside a minute with later data
+    END_OF_DATA = "end of data"
+    NO_DATA = "no data: now"
+
+
+@dataclass(frozen=True)
+class EvaluationInstant:
+    """The minute boundary an evaluation ran at, and why: `at` (naive UTC), the instant asked
+    for (None without --at) and the last sample or request time the SLOs read."""
+
+    at: datetime
+    basis: InstantBasis
+    requested: datetime | None
+    data_end: datetime | None
+
+    def describe(self) -> str:
+        text = f"evaluated at {self.at.isoformat(timespec='minutes')} UTC ({self.basis.value}"
+        if self.basis is InstantBasis.REQUESTED_FLOORED and self.requested is not None:
+            text += f"; --at {self.requested.isoformat(timespec='seconds')} falls inside a minute"
+            text += " that later data completes, so that minute is not counted"
+        if self.data_end is not None:
+            text += f"; data ends {self.data_end.isoformat(timespec='seconds')}"
+        return text + ")"
+
+    def to_json(self) -> dict[str, str | None]:
+        def iso(moment: datetime | None) -> str | None:
+            return None if moment is None else moment.isoformat() + "Z"
+
+        return {
+            "at": iso(self.at),
+            "basis": self.basis.value,
+            "requested": iso(self.requested),
+            "data_end": iso(self.data_end),
+        }
+
+
+def _naive(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def _floor(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def _ceil(moment: datetime) -> datetime:
+    floor = _floor(moment)
+    return floor if floor == moment else floor + MINUTE
+
+
+def data_end(store: Store, *, specs: Sequence[SloSpec]) -> tuple[datetime, datetime] | None:
+    """The last time the SLOs' data holds and the first minute boundary whose evaluation
+    counts it: a request counts in the minute it ended in (the boundary after it), a sample in
+    the minute it closes (a sample at 12:00:00 counts in an evaluation at 12:00, as PromQL's
+    range selectors include the evaluation instant). None without data. Without specs, both
+    requests and samples count."""
+    sources = {s.sli.source for s in specs} or {SliSource.TRACES, SliSource.METRICS}
+    ends: list[tuple[datetime, datetime]] = []
+    if SliSource.TRACES in sources and (requests := store.requests_range()) is not None:
+        ends.append((requests[1], _floor(requests[1]) + MINUTE))
+    if SliSource.METRICS in sources and (points := store.points_range()) is not None:
+        ends.append((points[1], _ceil(points[1])))
+    if not ends:
+        return None
+    return max(e[0] for e in ends), max(e[1] for e in ends)
+
+
+def evaluation_instant(
+    store: Store,
+    *,
+    specs: Sequence[SloSpec],
+    at: datetime | None,
+    now: datetime | None = None,
+) -> EvaluationInstant:
+    """Where an evaluation runs: at `at` when given, else at the end of the data the SLOs read
+    (a store whose data ended weeks ago is judged on that data, not on empty windows), else
+    (no data at all) at `now`.
+
+    A given `at` inside a minute counts that minute when the data holds nothing after `at`
+    (its last minute: nothing later could fall in it), and otherwise evaluates at the minute's
+    start, saying so in `basis`, never silently.
+    """
+    end = data_end(store, specs=specs)
+    data_time = None if end is None else end[0]
+    if at is None:
+        if end is None:
+            return EvaluationInstant(
+                _floor(_naive(now or utc_now())), InstantBasis.NO_DATA, None, None
+            )
+        return EvaluationInstant(end[1], InstantBasis.END_OF_DATA, None, data_time)
+    requested = _naive(at)
+    floor = _floor(requested)
+    if floor == requested:
+        return EvaluationInstant(floor, InstantBasis.REQUESTED, requested, data_time)
+    if data_time is None or data_time <= requested:
+        return EvaluationInstant(
+            floor + MINUTE, InstantBasis.REQUESTED_LAST_MINUTE, requested, data_time
+        )
+    return EvaluationInstant(floor, InstantBasis.REQUESTED_FLOORED, requested, data_time)
 
 
 def _criteria(specs: Sequence[SloSpec]) -> tuple[list[EventCriterion], list[MetricCriterion]]:
@@ -86,6 +201,58 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
     return pl.concat(frames)
 
 
+def metric_alert_sums(
+    store: Store, *, specs: Sequence[SloSpec], instants: Sequence[datetime]
+) -> pl.LazyFrame | None:
+    """The alert windows of the metric-counted SLOs at each of `instants`, as PromQL's
+    `sum(increase(...))` over the stored samples gives them (`slo.counter_windows`), so the
+    evaluation agrees with Prometheus running `slo rules`' output minute by minute. None
+    when no SLO is counted from metrics."""
+    metric_specs = [s for s in specs if s.metric_criterion() is not None]
+    if not metric_specs or not instants:
+        return None
+    criteria = [c for s in metric_specs if (c := s.metric_criterion()) is not None]
+    windows = sorted(
+        {
+            (spec.name, length)
+            for spec in metric_specs
+            for pair in spec.windows
+            for length in (pair.long_window_s, pair.short_window_s)
+        }
+    )
+    if not windows:
+        return None
+    longest = max(length for _, length in windows)
+    dimensions = series_dimensions(store.read_series(), store.read_targets())
+    chosen = metric_slo_series(dimensions, criteria=criteria)
+    for spec in metric_specs:
+        for key, value in spec.scope:
+            if key in chosen.collect_schema().names():
+                chosen = chosen.filter((pl.col("slo") != spec.name) | (pl.col(key) == value))
+    points = store.read_points(
+        from_ts=min(instants) - timedelta(seconds=longest), to_ts=max(instants) + MINUTE
+    )
+    samples = (
+        points.join(chosen.select("series_id", "slo", "role").collect().lazy(), on="series_id")
+        .filter(pl.col("ts") <= max(instants))
+        .select(SAMPLES_COLUMNS)
+    )
+    return window_increases(samples, instants=instants, windows_s=windows)
+
+
+def replay_from_store(
+    store: Store, *, specs: Sequence[SloSpec], start: datetime, end: datetime
+) -> tuple[AlertChange, ...]:
+    """Every minute's alert evaluation from `start` to `end` in virtual time, as the scheduled
+    evaluation would have recorded it (metric SLOs through `metric_alert_sums`)."""
+    minutes = slo_minutes_at(store, specs=specs, at=end)
+    first = start.replace(second=0, microsecond=0)
+    count = int((end.replace(second=0, microsecond=0) - first) / MINUTE) + 1
+    instants = [first + i * MINUTE for i in range(max(count, 0))]
+    sums = metric_alert_sums(store, specs=specs, instants=instants)
+    return replay(minutes, specs=specs, start=start, end=end, alert_sums=sums)
+
+
 def status_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> tuple[SloStatus, ...]:
     minutes = slo_minutes_at(store, specs=specs, at=at)
     history = changes_from_frame(store.read_alert_changes().collect())
@@ -101,4 +268,5 @@ def evaluate(
     minutes = slo_minutes_at(store, specs=specs, at=at)
     # Finding alerts share the table; this state machine must not resolve them.
     states = AlertStateView(TableAlertStateStore(store), keep=is_slo_alert)
-    return step(minutes, specs=specs, at=at, states=states, notifier=notifier)
+    sums = metric_alert_sums(store, specs=specs, instants=[at.replace(second=0, microsecond=0)])
+    return step(minutes, specs=specs, at=at, states=states, notifier=notifier, alert_sums=sums)

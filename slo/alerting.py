@@ -67,18 +67,27 @@ def alert_windows_table(specs: Sequence[SloSpec]) -> pl.LazyFrame:
 
 
 def _window(sums: pl.LazyFrame, prefix: str, on: str) -> pl.LazyFrame:
+    given = (
+        pl.col("error_ratio")
+        if "error_ratio" in sums.collect_schema().names()
+        else pl.lit(None, dtype=pl.Float64)
+    )
     return sums.select(
         "at",
         "slo",
         pl.col("window_s").alias(on),
         pl.col("good").alias(f"{prefix}_good"),
         pl.col("total").alias(f"{prefix}_total"),
+        given.alias(f"{prefix}_given_ratio"),
     )
 
 
 def _ratio(prefix: str) -> pl.Expr:
+    """The window's error ratio: as given (metric SLOs' PromQL-computed ratios), else from
+    its counts."""
     total = pl.col(f"{prefix}_total")
-    return pl.when(total > 0).then((total - pl.col(f"{prefix}_good")) / total).otherwise(None)
+    counted = pl.when(total > 0).then((total - pl.col(f"{prefix}_good")) / total).otherwise(None)
+    return pl.coalesce(pl.col(f"{prefix}_given_ratio"), counted)
 
 
 def alert_conditions(sums: pl.LazyFrame, *, specs: Sequence[SloSpec]) -> pl.LazyFrame:
@@ -184,12 +193,41 @@ def _float(value: object) -> float | None:
     return None if value is None else float(_number(value))
 
 
+def with_window_sums(sums: pl.LazyFrame, *, replaced: pl.LazyFrame | None) -> pl.LazyFrame:
+    """`sums` with the (at, slo, window_s) rows that `replaced` holds taken from it instead:
+    the alert windows of metric SLOs, summed as PromQL's `increase()` sums them
+    (`slo.counter_windows`), beside the exact minute sums of everything else."""
+    if replaced is None:
+        return sums
+    keys = ["at", "slo", "window_s"]
+    columns = [
+        pl.col("at"),
+        pl.col("slo"),
+        pl.col("window_s"),
+        pl.col("good", "total").cast(pl.Float64),
+    ]
+    return pl.concat(
+        [
+            sums.join(replaced.select(keys), on=keys, how="anti").select(columns),
+            replaced.select(columns),
+        ]
+    )
+
+
 def evaluate_at(
-    minutes: pl.LazyFrame, *, specs: Sequence[SloSpec], at: datetime
+    minutes: pl.LazyFrame,
+    *,
+    specs: Sequence[SloSpec],
+    at: datetime,
+    alert_sums: pl.LazyFrame | None = None,
 ) -> tuple[Condition, ...]:
-    """Every alert's condition at `at` (one collect)."""
+    """Every alert's condition at `at` (one collect); `alert_sums` replaces the minute sums
+    of the windows it holds (`with_window_sums`)."""
     frame = (
-        window_sums_at(minutes, specs=specs, at=at).pipe(alert_conditions, specs=specs).collect()
+        window_sums_at(minutes, specs=specs, at=at)
+        .pipe(with_window_sums, replaced=alert_sums)
+        .pipe(alert_conditions, specs=specs)
+        .collect()
     )
     return conditions_from_rows(frame.rows(named=True), specs=specs)
 
@@ -210,12 +248,13 @@ def step(
     at: datetime,
     states: AlertStateStore,
     notifier: Notifier | None = None,
+    alert_sums: pl.LazyFrame | None = None,
 ) -> Evaluation:
     """One scheduled evaluation: conditions at `at`, state changes recorded in `states`,
     then `notifier` told. A failed notification is reported in the result, not raised: the
     evaluation and its history stand, and the next evaluation runs as usual."""
     at_minute = evaluation_minute(at)
-    conditions = evaluate_at(minutes, specs=specs, at=at_minute)
+    conditions = evaluate_at(minutes, specs=specs, at=at_minute, alert_sums=alert_sums)
     done = record_and_notify(conditions, states=states, notifier=notifier, at=at_minute)
     return Evaluation(at_minute, conditions, done.changes, done.firing, done.notification_error)
 
@@ -227,11 +266,14 @@ def replay(
     start: datetime,
     end: datetime,
     latest: Mapping[AlertKey, AlertChange] | None = None,
+    alert_sums: pl.LazyFrame | None = None,
 ) -> tuple[AlertChange, ...]:
     """Evaluate every minute from `start` to `end` in virtual time (one collect) and return
-    the state changes in order: what the scheduled evaluation would have recorded."""
+    the state changes in order: what the scheduled evaluation would have recorded.
+    `alert_sums` replaces the minute sums of the windows it holds (`with_window_sums`)."""
     frame = (
         window_sums_every_minute(minutes, specs=specs, start=start, end=end)
+        .pipe(with_window_sums, replaced=alert_sums)
         .pipe(alert_conditions, specs=specs)
         .collect()
     )

@@ -6,6 +6,9 @@ Over an SLO's rolling period, the budget is the number of bad events the objecti
 rate of a window is its error ratio / (1 - objective), so burning at 1 spends exactly the
 budget over the period. Time to exhaustion = remaining x period / current burn: how long the
 rest lasts if the current burn held and no old errors rolled out of the period.
+
+A period without events has no budget to speak of: consumed, remaining and time to exhaustion
+are null ("no data"), never a full budget.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def budget_from_sums(
         "slo", current_burn_rate=pl.col("burn_rate")
     )
     allowed_bad = pl.col("error_budget_ratio") * pl.col("total")
-    consumed = pl.when(pl.col("total") > 0).then(pl.col("bad") / allowed_bad).otherwise(0.0)
+    consumed = pl.when(pl.col("total") > 0).then(pl.col("bad") / allowed_bad).otherwise(None)
     remaining = pl.col("budget_remaining_ratio")
     burn = pl.col("current_burn_rate")
     return (

@@ -35,7 +35,13 @@ from servewatch.slo.spec import (
     SloSpec,
     TokenGoodputSli,
 )
-from servewatch.slo.windows import BurnWindow, burn_windows_from_items, default_burn_windows
+from servewatch.slo.windows import (
+    MIN_BURN_THRESHOLD,
+    BurnWindow,
+    burn_windows_from_items,
+    default_burn_windows,
+    windows_for_period,
+)
 
 FORMAT_VERSION = "servewatch/v1"
 DEFAULT_PERIOD_S = 30 * 86400
@@ -225,7 +231,7 @@ def _windows(
     fields: Fields, *, period_s: int, default_windows: Sequence[BurnWindow]
 ) -> tuple[BurnWindow, ...]:
     if not fields.has("alert_windows"):
-        chosen = tuple(default_windows)
+        chosen = windows_for_period(default_windows, period_s=period_s)
         for window in chosen:
             if window.long_window_s > period_s:
                 raise fields.fail(
@@ -243,5 +249,14 @@ def _windows(
                 "long_window",
                 f"{window.long_window} is longer than the period {format_duration(period_s)}; "
                 "a window can hold at most the whole period",
+            )
+        threshold = window.burn_threshold(period_s=period_s)
+        if threshold < MIN_BURN_THRESHOLD:
+            raise item.fail(
+                "budget_ratio",
+                f"{window.budget_ratio:g} of the budget in {window.long_window} of a "
+                f"{format_duration(period_s)} period is a burn rate of {threshold:.3g}, below "
+                f"{MIN_BURN_THRESHOLD:g}: a budget burning that slowly lasts the period; use at "
+                f"least {window.long_window_s / period_s:.4g}",
             )
     return windows

@@ -2,7 +2,8 @@
 the burn rate of each window, and each alert's condition now and recorded state.
 
 One pass over the minutes serves all three; the result is typed, with `to_json()` for
-`--json`. Alert states come from the recorded history as of `at`, so a status for a past
+`--json`. A period without events is "no data" (`no_data`, budget fields null), not a full
+budget. Alert states come from the recorded history as of `at`, so a status for a past
 instant shows what was known then.
 """
 
@@ -55,8 +56,9 @@ class SloStatus:
     good: int
     total: int
     error_ratio: float | None
-    budget_consumed_ratio: float
-    budget_remaining_ratio: float
+    # None when the period holds no events ("no data"): nothing says how much is left.
+    budget_consumed_ratio: float | None
+    budget_remaining_ratio: float | None
     current_burn_rate: float | None
     time_to_exhaustion_s: float | None
     windows: tuple[WindowBurn, ...]
@@ -64,9 +66,23 @@ class SloStatus:
     # What `good` and `total` count: requests, or output tokens for token goodput SLOs.
     events: str = "requests"
 
+    @property
+    def no_data(self) -> bool:
+        """The period holds no events: the budget is unknown, not full."""
+        return self.total == 0
+
+    @property
+    def verdict(self) -> str:
+        """ "no data", "met" (the period's error ratio within the budget) or "missed"."""
+        if self.budget_remaining_ratio is None:
+            return "no data"
+        return "met" if self.budget_remaining_ratio >= 0 else "missed"
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types; times as ISO 8601 UTC with a Z."""
         document: dict[str, Any] = _jsonable(asdict(self))
+        document["no_data"] = self.no_data
+        document["verdict"] = self.verdict
         return document
 
 

@@ -1,10 +1,16 @@
 """Alert windows: rows of the multiwindow, multi-burn-rate table and the burn-rate threshold
 each row implies for an SLO's period.
 
-The table is data (`burn_windows.toml`, the SRE Workbook's recommendation); a spec may bring
-its own rows. A row says "alert with this severity when `budget_ratio` of the period's error
-budget would be spent within `long_window`", so its threshold is derived, never typed:
-burn_threshold = budget_ratio * period / long_window (14.4 for 2 % in 1 h of 30 days).
+The table is data (`burn_windows.toml`, the SRE Workbook's recommendation for a 30-day
+period); a spec may bring its own rows. A row says "alert with this severity when
+`budget_ratio` of the period's error budget would be spent within `long_window`", so its
+threshold is derived, never typed: burn_threshold = budget_ratio * period / long_window (14.4
+for 2 % in 1 h of 30 days).
+
+For another period the default rows keep their burn rates and scale their windows by
+period / 30 d, rounded to whole minutes, as Pyrra scales its table by period / 28 d: a 7-day
+SLO pages at 14.4x over 14m and 1m, and its slowest ticket fires at 1x over 16h48m and 1h24m
+(docs/slo.md). No row may fire below a burn rate of 1: a budget burning slower lasts the period.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from servewatch.slo.fields import Fields, SpecError, read_toml
 DEFAULT_WINDOWS_PATH = Path(__file__).with_name("burn_windows.toml")
 # The workbook pairs each long window with one twelfth of it as the short window.
 SHORT_WINDOW_DIVISOR = 12
+# The period the default table is written for (the workbook's and Sloth's default).
+REFERENCE_PERIOD_S = 30 * 86400
+# A budget burning at 1 lasts exactly the period; an alert below that says nothing is wrong.
+MIN_BURN_THRESHOLD = 1.0
 
 
 class Severity(Enum):
@@ -37,10 +47,38 @@ class BurnWindow:
     short_window_s: int
     budget_ratio: float
     for_s: int = 0
+    # Set when the row was scaled to another period: the burn rate it keeps (`scaled_to`).
+    fixed_burn_threshold: float | None = None
 
     def burn_threshold(self, *, period_s: int) -> float:
         """The burn rate that spends `budget_ratio` of the budget in `long_window_s`."""
+        if self.fixed_burn_threshold is not None:
+            return self.fixed_burn_threshold
         return self.budget_ratio * period_s / self.long_window_s
+
+    def scaled_to(
+        self, *, period_s: int, reference_period_s: int = REFERENCE_PERIOD_S
+    ) -> BurnWindow:
+        """This row (written for `reference_period_s`) for an SLO of `period_s`: windows
+        scaled by the ratio of the periods and rounded to whole minutes (at least one), the
+        burn threshold kept. `budget_ratio` becomes the share of the budget the scaled long
+        window spends at that threshold."""
+        if period_s == reference_period_s:
+            return self
+        threshold = self.burn_threshold(period_s=reference_period_s)
+
+        def scaled(seconds: int) -> int:
+            return max(60, round(seconds * period_s / reference_period_s / 60) * 60)
+
+        long_s, short_s = scaled(self.long_window_s), scaled(self.short_window_s)
+        return BurnWindow(
+            severity=self.severity,
+            long_window_s=long_s,
+            short_window_s=min(short_s, long_s - 60),
+            budget_ratio=threshold * long_s / period_s,
+            for_s=scaled(self.for_s) if self.for_s else 0,
+            fixed_burn_threshold=threshold,
+        )
 
     @property
     def long_window(self) -> str:
@@ -110,4 +148,14 @@ def load_burn_windows(path: Path = DEFAULT_WINDOWS_PATH) -> tuple[BurnWindow, ..
 
 @functools.cache
 def default_burn_windows() -> tuple[BurnWindow, ...]:
+    """The default table as written, for `REFERENCE_PERIOD_S`."""
     return load_burn_windows(DEFAULT_WINDOWS_PATH)
+
+
+def windows_for_period(
+    windows: Sequence[BurnWindow], *, period_s: int, reference_period_s: int = REFERENCE_PERIOD_S
+) -> tuple[BurnWindow, ...]:
+    """A default table (written for `reference_period_s`) scaled to an SLO's period."""
+    return tuple(
+        w.scaled_to(period_s=period_s, reference_period_s=reference_period_s) for w in windows
+    )

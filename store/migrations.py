@@ -410,5 +410,14 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    Migration(
+        version=13,
+        description="targets.gpu_uuids: the GPUs a replica was given (its CUDA_VISIBLE_DEVICES "
+        "as UUIDs), so DCGM GPUs join replicas that share a host without Kubernetes",
+        statements=("ALTER TABLE targets ADD COLUMN gpu_uuids VARCHAR[]",),
+    ),
+)
+
 
 LATEST_VERSION = MIGRATIONS[-1].version

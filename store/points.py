@@ -22,6 +22,12 @@ from servewatch.store.sql import check_schema, column_list
 from servewatch.store.written_keys import SERIES_IDS_SCHEMA, WrittenKeys, max_id, scrape_keys
 
 _SERIES_KEY = ["target_id", "metric", "labels"]
+# Target rows as `_write_targets` compares them: the attributes, then the two seen times.
+_SEEN = ("first_seen_ts", "last_seen_ts")
+_TARGET_ROW_SCHEMA = pl.Schema(
+    [(name, dtype) for name, dtype in TARGETS_SCHEMA.items() if name not in _SEEN]
+    + [(name, TARGETS_SCHEMA[name]) for name in _SEEN]
+)
 
 
 # The stored form of points in `points_head`; reads give `POINTS_SCHEMA` (microsecond
@@ -133,7 +139,7 @@ class PointWrites(PointCompaction):
         stored = self._stored_targets()
         moved: list[tuple[object, ...]] = []
         upserted: list[tuple[object, ...]] = []
-        for row in frame.iter_rows():
+        for row in frame.select(_TARGET_ROW_SCHEMA.names()).iter_rows():
             known = stored.get(row[0])
             if known is None or known[:-2] != row[:-2]:
                 upserted.append(row)
@@ -144,17 +150,19 @@ class PointWrites(PointCompaction):
                 moved.append((*known[:-2], first, last))
         if upserted:
             self._con.register(
-                "incoming_targets", pl.DataFrame(upserted, TARGETS_SCHEMA, orient="row").to_arrow()
+                "incoming_targets",
+                pl.DataFrame(upserted, _TARGET_ROW_SCHEMA, orient="row").to_arrow(),
             )
             try:
                 self._con.execute(
                     f"""
-                    INSERT INTO targets ({column_list(TARGETS_SCHEMA)})
-                    SELECT {column_list(TARGETS_SCHEMA)} FROM incoming_targets
+                    INSERT INTO targets ({column_list(_TARGET_ROW_SCHEMA)})
+                    SELECT {column_list(_TARGET_ROW_SCHEMA)} FROM incoming_targets
                     ON CONFLICT (target_id) DO UPDATE SET
                         kind = excluded.kind, url = excluded.url, replica = excluded.replica,
                         host = excluded.host, zone = excluded.zone, model = excluded.model,
                         pool = excluded.pool, gpus = excluded.gpus,
+                        gpu_uuids = excluded.gpu_uuids,
                         first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
                         last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
                     """
@@ -178,7 +186,7 @@ class PointWrites(PointCompaction):
     def _stored_targets(self) -> dict[str, tuple[object, ...]]:
         if self._written.targets is None:
             rows = self._con.execute(
-                f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets"
+                f"SELECT {column_list(_TARGET_ROW_SCHEMA)} FROM targets"
             ).fetchall()
             self._written.targets = {row[0]: tuple(row) for row in rows}
         return self._written.targets

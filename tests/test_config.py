@@ -25,6 +25,7 @@ replica = "vllm-0"
 host = "host-a"
 zone = "zone-1"
 gpus = 2
+gpu_uuids = ["GPU-5d1c2a3b-0f2e-4b6a-9c1d-2e3f4a5b6c7d", "GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"]
 
 [[file_sd]]
 path = "targets/dcgm.json"
@@ -49,6 +50,10 @@ def test_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> None:
     assert config.scrape.failing_after == 3
     (target,) = config.targets
     assert (target.kind, target.replica, target.gpus) == (TargetKind.VLLM, "vllm-0", 2)
+    assert target.gpu_uuids == (
+        "GPU-5d1c2a3b-0f2e-4b6a-9c1d-2e3f4a5b6c7d",
+        "GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d",
+    )
     assert config.file_sd == (tmp_path / "targets" / "dcgm.json",)
     assert (config.otlp.host, config.otlp.port, config.otlp.bearer_token) == (
         "127.0.0.1",
@@ -146,6 +151,14 @@ def test_grpc_and_identity_settings_are_read() -> None:
         (
             {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpus": 1.5}]},
             "targets[0].gpus: must be a positive whole number, got 1.5",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpu_uuids": ["gpu0"]}]},
+            "targets[0].gpu_uuids: must hold GPU UUIDs such as GPU-5d1c2a3b",
+        ),
+        (
+            {"targets": [{"kind": "vllm", "url": "http://a/metrics", "gpu_uuids": 3}]},
+            "targets[0].gpu_uuids: must be a list of GPU UUIDs or a comma-separated string",
         ),
         (
             {"targets": [{"kind": "vllm", "url": "ftp://a/metrics"}]},

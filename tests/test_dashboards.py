@@ -44,6 +44,9 @@ from tests.conftest import FIXTURES
 CASE = FIXTURES / "dashboards_small"
 EXPECTED = CASE / "expected"
 SLUGS = (
+    "capacity-curve",
+    "failure-table",
+    "sensitivity-tornado",
     "latency-ttft",
     "latency-tpot",
     "latency-itl",
@@ -63,10 +66,9 @@ SLUGS = (
     "finish-reasons",
     "prompt-length",
     "generation-length",
+    "load-balance",
     "gpu-health",
-    "capacity-curve",
-    "failure-table",
-    "sensitivity-tornado",
+    "gpu-replicas",
 )
 T0 = datetime(2026, 11, 18)
 
@@ -429,10 +431,14 @@ def test_a_report_from_traces_alone_says_what_is_missing() -> None:
         "prompt-length",
         "generation-length",
     ]
+    # Each missing panel says, in the reader's words, what would provide it.
     omitted = dict(report.omitted)
-    assert "inter_token_latency_seconds" in omitted["Inter-token latency (ITL)"]
-    assert omitted["KV-cache usage per replica"] == "no data: needs kv_cache_usage metric rollups"
-    assert omitted["Sensitivity tornado"] == "no data: needs a risk assessment"
+    assert "inter-token latency histogram" in omitted["Inter-token latency (ITL)"]
+    assert "servewatch scrape" in omitted["KV-cache usage per replica"]
+    assert "--slo FILE" in omitted["SLO verdicts"]
+    assert "--requirement FILE" in omitted["Capacity answer"]
+    assert "Sensitivity tornado" not in omitted  # one line covers the capacity answer
+    assert all("needs" not in reason for reason in omitted.values()), omitted
     finish = next(c for c in report.charts if c.slug == "finish-reasons").chart.to_dict()
     assert "derived from spans" in " ".join(finish["title"]["subtitle"])
 
@@ -445,7 +451,20 @@ def test_report_from_a_store_of_ingested_spans(store: Store) -> None:
     report = build_report(
         ReportInputs(requests=store.read_requests(), sli_report=sli_report), limits=limits
     )
-    assert [c.slug for c in report.charts][:3] == ["latency-ttft", "latency-tpot", "latency-e2e"]
+    # Which replica first (the SLI report is by replica), then the detail charts.
+    assert [c.slug for c in report.charts][:4] == [
+        "replicas",
+        "latency-ttft",
+        "latency-tpot",
+        "latency-e2e",
+    ]
+    assert report.replicas is not None
+    assert report.replicas["replica"].to_list() == sorted(
+        report.replicas["replica"].to_list(),
+        key=lambda r: next(
+            g["attainment_ratio"] for g in sli_report["groups"] if g["replica"] == r
+        ),
+    )
     facts = dict(report.facts)
     assert facts["requests"] == "228 (5 failed)"
     assert facts["replicas"] == "3"
@@ -589,7 +608,7 @@ def test_a_report_with_a_drill_charts_it_and_one_without_says_why_not() -> None:
     )
     assert "failure-drill" in {c.slug for c in build_report(ReportInputs(drill=drill)).charts}
     omitted = dict(build_report(ReportInputs()).omitted)
-    assert omitted["Failure drill"].startswith("no data")
+    assert "--requirement FILE" in omitted["Capacity answer"]
 
 
 def test_a_drill_frame_missing_a_column_is_refused_with_the_contract() -> None:

@@ -30,7 +30,7 @@ from servewatch.collectors.traces.ingest import Reject
 from servewatch.collectors.traces.otlp_json import read_trace_file
 from servewatch.collectors.traces.receiver import OtlpHttpReceiver, ReceiverConfig
 from servewatch.collectors.traces.request_spans import RequestRows
-from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, gpu_activity, host_gpus
 from servewatch.emulator.failures import FailureKind, FailureSpec
 from servewatch.emulator.fixture_writer import (
     FixtureError,
@@ -746,9 +746,18 @@ def test_live_endpoints_serve_pages_and_stop_answering_when_down(live: LiveFleet
             with pytest.raises(httpx.ConnectError):
                 client.get(targets[target_id].url)
         assert client.get(targets["vllm/vllm-1"].url).status_code == 200
-    assert live.file_sd()[0] == {
+    group = live.file_sd()[0]
+    own_gpus = [d.uuid for d in host_gpus(PLACEMENTS)["host-a"] if d.replica == "vllm-0"]
+    assert own_gpus
+    assert group == {
         "targets": [targets["vllm/vllm-0"].address],
-        "labels": {"job": "vllm", "replica": "vllm-0", "host": "host-a", "zone": "zone-1"},
+        "labels": {
+            "job": "vllm",
+            "replica": "vllm-0",
+            "host": "host-a",
+            "zone": "zone-1",
+            "gpu_uuids": ",".join(own_gpus),
+        },
     }
 
 

@@ -350,7 +350,7 @@ def _store_frames() -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFrame]:
     ]
     target_frame = pl.DataFrame(
         [
-            (t, k, f"http://{t}/metrics", r, h, "z", "m", "pool", g, T0, T0)
+            (t, k, f"http://{t}/metrics", r, h, "z", "m", "pool", g, T0, T0, None)
             for t, k, r, h, g in targets
         ],
         schema=TARGETS_SCHEMA,
@@ -488,9 +488,48 @@ def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
     assert power["serving/vllm-2"] > max(w for r, w in power.items() if r != "serving/vllm-2")
 
 
-def _two_replica_host(tmp_path: Path, *, pods: bool) -> Path:
+def test_a_recorded_fleet_without_pods_joins_gpus_by_the_targets_uuid_lists(
+    tmp_path: Path,
+) -> None:
+    """Replicas sharing hosts outside Kubernetes (two one-GPU replicas on a host, a TP=2 one on
+    another): the emulator lists each replica's GPU UUIDs on its target, as an operator would
+    from CUDA_VISIBLE_DEVICES, and every GPU lands under its own replica."""
+    topology = TopologySpec(
+        zones=("zone-a",),
+        layout=(HostSpec("zone-a", replica_gpus=(1, 1)), HostSpec("zone-a", replica_gpus=(2,))),
+    )
+    config = FleetConfig(topology=topology)
+    start_s = 1_790_000_000.0
+    writer = FixtureWriter(
+        tmp_path / "rec",
+        config.placements(),
+        start_s=start_s,
+        scrape_interval_s=15.0,
+        engine=EngineSettings.from_engine(config.engine),
+        seed=1,
+    )
+    simulation = FleetSimulation(config, observer=writer, seed=1, start_s=start_s)
+    record_fixture(simulation, writer, end_s=start_s + 120)
+    db = tmp_path / "fleet.duckdb"
+    runner = CliRunner()
+    replayed = runner.invoke(app, ["--db", str(db), "replay", str(tmp_path / "rec")])
+    assert replayed.exit_code == 0, replayed.output
+    sli = runner.invoke(
+        app, ["--db", str(db), "sli", "--source", "histograms", "--by", "replica", "--json"]
+    )
+    assert sli.exit_code == 0, sli.output
+    section = json.loads(sli.stdout)["histograms"]
+    assert section["unmatched_gpus"] == []
+    power = {g["replica"]: g["gpu_power_w"]["mean"] for g in section["groups"]}
+    assert set(power) == {"vllm-0", "vllm-1", "vllm-2"}
+    assert all(watts is not None and watts > 0 for watts in power.values())
+    assert power["vllm-2"] > max(power["vllm-0"], power["vllm-1"])
+
+
+def _two_replica_host(tmp_path: Path, *, pods: bool, uuids: bool = False) -> Path:
     """The issue's host: two single-GPU replicas, a DCGM page of two GPUs (273.4 W, 289.8 W)
-    and, with `pods`, the Kubernetes mapping naming each GPU's pod."""
+    and, with `pods`, the Kubernetes mapping naming each GPU's pod; with `uuids`, each
+    replica's target lists its GPU's UUID (what its CUDA_VISIBLE_DEVICES names)."""
     db = tmp_path / "host.duckdb"
     pages = []
     for k in range(3):
@@ -501,6 +540,8 @@ def _two_replica_host(tmp_path: Path, *, pods: bool) -> Path:
                 {"pod": f"vllm-{i}", "namespace": "serving"} if pods else {"replica": f"vllm-{i}"}
             )
             labels = {"kind": "vllm", "host": "node-1", "gpus": 1, **name}
+            if uuids:
+                labels["gpu_uuids"] = f"GPU-{i}"
             target = target_from_labels(f"10.0.0.{i}:8000", labels, where="t")
             running = f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {i}\n"
             pages.append(Page(target, at, running))
@@ -514,11 +555,15 @@ def _two_replica_host(tmp_path: Path, *, pods: bool) -> Path:
     return db
 
 
-@pytest.mark.parametrize("pods", [True, False], ids=["pods", "no pods"])
+@pytest.mark.parametrize(
+    ("pods", "uuids"),
+    [(True, False), (False, False), (False, True)],
+    ids=["pods", "no pods", "targets list uuids"],
+)
 def test_two_single_gpu_replicas_on_one_host_never_share_its_gpus(
-    tmp_path: Path, pods: bool
+    tmp_path: Path, pods: bool, uuids: bool
 ) -> None:
-    db = str(_two_replica_host(tmp_path, pods=pods))
+    db = str(_two_replica_host(tmp_path, pods=pods, uuids=uuids))
     runner = CliRunner()
     base = ["--db", db, "sli", "--source", "histograms", "--by", "replica"]
     result = runner.invoke(app, [*base, "--json"])
@@ -530,6 +575,9 @@ def test_two_single_gpu_replicas_on_one_host_never_share_its_gpus(
         assert power == {"serving/vllm-0": 273.4, "serving/vllm-1": 289.8}
         assert unmatched == set()
         assert section["overall"]["gpu_power_w"]["mean"] == pytest.approx(273.4 + 289.8)
+    elif uuids:
+        assert power == {"vllm-0": 273.4, "vllm-1": 289.8}
+        assert unmatched == set()
     else:
         # two replicas on the host and nothing to tell their GPUs apart: listed, not spread
         assert power == {"vllm-0": None, "vllm-1": None}
@@ -566,10 +614,11 @@ def test_a_dcgm_targets_host_wins_over_a_container_hostname() -> None:
         schema=SERIES_SCHEMA,
         orient="row",
     )
+    seen = (T0, T0, None)  # first and last seen, no GPU UUIDs listed
     targets = pl.DataFrame(
         [
-            ("v0", "vllm", "http://v0/metrics", "vllm-0", "GPU-NODE-1", "z", "m", "p", 1, T0, T0),
-            ("d0", "dcgm", "http://d0/metrics", None, "gpu-node-1", "z", None, None, None, T0, T0),
+            ("v0", "vllm", "http://v0/metrics", "vllm-0", "GPU-NODE-1", "z", "m", "p", 1, *seen),
+            ("d0", "dcgm", "http://d0/metrics", None, "gpu-node-1", "z", None, None, None, *seen),
         ],
         schema=TARGETS_SCHEMA,
         orient="row",

@@ -138,6 +138,7 @@ def _targets(rows: list[tuple[str, str | None, str | None, str | None]]) -> pl.L
             "gpus": [1 for _ in rows],
             "first_seen_ts": [T0 for _ in rows],
             "last_seen_ts": [T0 + timedelta(minutes=30) for _ in rows],
+            "gpu_uuids": [None for _ in rows],
         },
         schema=TARGETS_SCHEMA,
     )
@@ -210,6 +211,21 @@ def test_targets_of_one_host_failing_together_are_one_host_loss() -> None:
     # The GPU exporter kept answering: the replicas restarted, the host did not go away.
     replicas_only = {"vllm/a0": lost, "vllm/a1": lost}
     assert _review(_targets(HOSTS), _scrapes(replicas_only, ids, minutes=20), minutes=20) == []
+
+
+def test_a_host_loss_under_two_minute_scrapes_counts_wall_clock_minutes() -> None:
+    ids = [t[0] for t in HOSTS]
+    # Scrapes every other minute; the host's targets fail those of minutes 4 to 14.
+    every_other = _scrapes({t: range(4, 16) for t in ids[:3]}, ids, minutes=30).filter(
+        pl.col("ts").dt.minute() % 2 == 0
+    )
+    (finding,) = _review(_targets(HOSTS), every_other, minutes=30)
+    assert (finding.start, finding.end) == (T0 + timedelta(minutes=4), T0 + timedelta(minutes=16))
+    evidence = {e.name: e.value for e in finding.evidence}
+    assert (evidence["failed_minutes"], evidence["failed_scraped_minutes"]) == (12, 6)
+    assert "for 12 minute(s) from 10:04 until 10:16, 6 of those minutes scraped" in (
+        finding.summary
+    )
 
 
 def test_every_host_of_a_zone_failing_together_is_one_zone_loss() -> None:

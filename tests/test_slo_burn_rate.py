@@ -148,7 +148,8 @@ def steady(minutes: int, *, bad: int, total: int) -> list[dict[str, Any]]:
 
 BUDGET_CASES = [
     # (rows, expected: consumed, remaining, current burn, time to exhaustion)
-    ("no traffic", [], 0.0, 1.0, None, None),
+    # no events: no data, not a full budget
+    ("no traffic", [], None, None, None, None),
     ("an hour of traffic, all at burn 1", steady(60, bad=1, total=1000), 1.0, 0.0, 1.0, 0.0),
     (
         "burn 2 for an hour in 2 days of clean traffic",
@@ -178,8 +179,8 @@ BUDGET_CASES = [
 def test_budget_status_by_table(
     name: str,
     rows: list[dict[str, Any]],
-    consumed: float,
-    remaining: float,
+    consumed: float | None,
+    remaining: float | None,
     burn: float | None,
     exhaustion_s: float | None,
 ) -> None:
@@ -189,8 +190,12 @@ def test_budget_status_by_table(
         .collect()
         .rows(named=True)
     )
-    assert status["budget_consumed_ratio"] == pytest.approx(consumed)
-    assert status["budget_remaining_ratio"] == pytest.approx(remaining)
+    assert status["budget_consumed_ratio"] == (
+        None if consumed is None else pytest.approx(consumed)
+    )
+    assert status["budget_remaining_ratio"] == (
+        None if remaining is None else pytest.approx(remaining)
+    )
     assert status["current_burn_rate"] == (None if burn is None else pytest.approx(burn))
     assert status["time_to_exhaustion_s"] == (
         None if exhaustion_s is None else pytest.approx(exhaustion_s, abs=1e-6)

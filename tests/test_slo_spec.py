@@ -273,25 +273,55 @@ def test_bad_durations(text: str) -> None:
         parse_duration_s(text)
 
 
-# The SRE Workbook's table (REFERENCE section 6): (severity, long, short, burn at 30d, at 28d).
-WORKBOOK = [
-    (Severity.PAGE, "1h", "5m", 14.4, 13.44),
-    (Severity.PAGE, "6h", "30m", 6.0, 5.6),
-    (Severity.TICKET, "1d", "2h", 3.0, 2.8),
-    (Severity.TICKET, "3d", "6h", 1.0, 0.9333),
-]
+# The SRE Workbook's table (REFERENCE section 6) for 30 days, and the same rows scaled to the
+# other periods as Pyrra scales its own (windows x period / reference, rounded to the minute,
+# burn rates kept): (severity, long, short, burn threshold) per period.
+PERIOD_WINDOWS = {
+    "30d": [
+        (Severity.PAGE, "1h", "5m", 14.4),
+        (Severity.PAGE, "6h", "30m", 6.0),
+        (Severity.TICKET, "1d", "2h", 3.0),
+        (Severity.TICKET, "3d", "6h", 1.0),
+    ],
+    "28d": [
+        (Severity.PAGE, "56m", "5m", 14.4),
+        (Severity.PAGE, "336m", "28m", 6.0),
+        (Severity.TICKET, "1344m", "112m", 3.0),
+        (Severity.TICKET, "4032m", "336m", 1.0),
+    ],
+    "7d": [
+        (Severity.PAGE, "14m", "1m", 14.4),
+        (Severity.PAGE, "84m", "7m", 6.0),
+        (Severity.TICKET, "336m", "28m", 3.0),
+        (Severity.TICKET, "1008m", "84m", 1.0),
+    ],
+}
 
 
-@pytest.mark.parametrize(("period", "column"), [("30d", 3), ("28d", 4)])
-def test_burn_thresholds_derived_from_a_spec_equal_the_workbook(period: str, column: int) -> None:
+@pytest.mark.parametrize("period", sorted(PERIOD_WINDOWS))
+def test_default_windows_scale_with_the_period_and_keep_the_workbook_burn_rates(
+    period: str,
+) -> None:
     (spec,) = parse_spec_document(with_change("slos.0.period", period), where="x")
     derived = [
         (w.severity, w.long_window, w.short_window, spec.burn_threshold(w)) for w in spec.windows
     ]
-    expected = [(row[0], row[1], row[2], pytest.approx(row[column], abs=5e-5)) for row in WORKBOOK]
-    assert derived == expected
-    if period == "30d":  # exact, not merely close: these floats go into alert rules
-        assert [spec.burn_threshold(w) for w in spec.windows] == [14.4, 6.0, 3.0, 1.0]
+    # exact, not merely close: these floats go into alert rules
+    assert derived == PERIOD_WINDOWS[period]
+    assert min(spec.burn_threshold(w) for w in spec.windows) >= 1.0
+    for window in spec.windows:  # each row spends its share of the budget in its long window
+        spent = spec.burn_threshold(window) * window.long_window_s / spec.period_s
+        assert spent == pytest.approx(window.budget_ratio)
+
+
+def test_a_custom_row_burning_below_1_is_refused() -> None:
+    document = with_change(
+        "slos.0.alert_windows",
+        [{"severity": "ticket", "long_window": "3d", "budget_ratio": 0.1}],
+    )
+    document["slos"][0]["period"] = "7d"
+    with pytest.raises(SpecError, match=r"burn rate of 0.233, below 1.*use at least 0.4286"):
+        parse_spec_document(document, where="x")
 
 
 def test_window_table_errors_name_the_toml_file(tmp_path: Path) -> None:

@@ -223,6 +223,7 @@ def test_targets_upsert_keeps_the_seen_range(store: Store) -> None:
                     1,
                     first,
                     last,
+                    None,
                 )
             ],
             schema=TARGETS_SCHEMA,
@@ -272,7 +273,7 @@ def test_keys_written_by_another_connection_are_read_again(tmp_path: Path) -> No
 def test_targets_written_with_scrapes_keep_the_seen_range(store: Store) -> None:
     def target(first: datetime, last: datetime, zone: str | None = None) -> pl.DataFrame:
         row = ("t1", "vllm", "http://127.0.0.1:1/metrics", "r1", "h1", zone, None, None, 1)
-        return pl.DataFrame([(*row, first, last)], schema=TARGETS_SCHEMA, orient="row")
+        return pl.DataFrame([(*row, first, last, None)], schema=TARGETS_SCHEMA, orient="row")
 
     t0, t1 = datetime(2026, 11, 18, 10, 0, 0), datetime(2026, 11, 18, 10, 0, 15)
     store.write_scrapes(*scrape_batch([t1]), targets=target(t1, t1))

@@ -46,6 +46,11 @@ def test_json_and_yaml_file_sd_give_the_same_targets() -> None:
     assert from_json[2].zone is None  # missing zone is allowed
 
 
+def test_gpu_uuids_label_is_a_comma_separated_list() -> None:
+    doc = [{"targets": ["a:1"], "labels": {"kind": "vllm", "gpu_uuids": "GPU-1a2b, GPU-3c4d"}}]
+    assert parse_file_sd(json.dumps(doc), source="t.json")[0].gpu_uuids == ("GPU-1a2b", "GPU-3c4d")
+
+
 def test_scheme_and_metrics_path_labels() -> None:
     doc = [
         {
@@ -76,6 +81,10 @@ def test_scheme_and_metrics_path_labels() -> None:
         (
             '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "-1"}}]',
             "label gpus must be a positive whole number, got '-1'",
+        ),
+        (
+            '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpu_uuids": "0,1"}}]',
+            "label gpu_uuids must hold GPU UUIDs such as GPU-5d1c2a3b",
         ),
         (
             '[{"targets": ["a:1"], "labels": {"kind": "vllm", "__scheme__": "ftp"}}]',

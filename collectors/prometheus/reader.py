@@ -61,14 +61,19 @@ from servewatch.collectors.prometheus.api import (
     PrometheusApi,
     promql_string,
 )
-from servewatch.collectors.scrape.targets import Target, TargetKind, targets_frame
+from servewatch.collectors.scrape.targets import (
+    Target,
+    TargetKind,
+    gpu_uuid_list,
+    targets_frame,
+)
 from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
 
 DEFAULT_CHUNK_POINTS = 720  # three hours of 15 s steps per query
 KIND_LABEL = "kind"
-TARGET_LABELS = ("replica", "host", "zone", "model", "pool", "gpus")
+TARGET_LABELS = ("replica", "host", "zone", "model", "pool", "gpus", "gpu_uuids")
 IDENTITY_LABELS = ("job", "instance")
 NOT_SERIES_LABELS = frozenset({"__name__", KIND_LABEL, *IDENTITY_LABELS, *TARGET_LABELS})
 UP = "up"
@@ -196,6 +201,14 @@ def _gpus(text: str | None) -> int | None:
         return None
 
 
+def _gpu_uuids(text: str | None) -> tuple[str, ...]:
+    # A relabelling that wrote something else is no UUID list: no GPUs named, as for `gpus`.
+    try:
+        return () if not text else gpu_uuid_list(text)
+    except ValueError:
+        return ()
+
+
 def target_of(labels: Mapping[str, str], *, target_id: str, kind: TargetKind) -> Target:
     def text(name: str) -> str | None:
         return labels.get(name) or None
@@ -210,6 +223,7 @@ def target_of(labels: Mapping[str, str], *, target_id: str, kind: TargetKind) ->
         model=text("model"),
         pool=text("pool"),
         gpus=_gpus(labels.get("gpus")),
+        gpu_uuids=_gpu_uuids(labels.get("gpu_uuids")),
     )
 
 

@@ -3,11 +3,13 @@
 Targets come inline from the config or from Prometheus `file_sd` files (JSON or YAML lists of
 `{"targets": ["host:port", ...], "labels": {...}}`). Labels servewatch reads: `kind` (vllm,
 dcgm, sglang, trtllm, tgi, llamacpp, or auto, the default: told from each page), `replica`,
-`host`, `zone`, `model`, `pool`, `gpus`, `pod` and `namespace` (which name the replica
-`<namespace>/<pod>`), and Prometheus's own `__scheme__`, `__metrics_path__`,
-`__scrape_interval__` and `__scrape_timeout__` (a target's own interval and timeout, as
-Prometheus durations such as `30s` or `1m`, or numbers of seconds). A file that stops parsing
-keeps its last good list in use, as Prometheus does, and the error is reported.
+`host`, `zone`, `model`, `pool`, `gpus`, `gpu_uuids` (the UUIDs of the replica's GPUs, comma
+separated: what its CUDA_VISIBLE_DEVICES names, for replicas that share a host without
+Kubernetes' pod mapping), `pod` and `namespace` (which name the replica `<namespace>/<pod>`),
+and Prometheus's own `__scheme__`, `__metrics_path__`, `__scrape_interval__` and
+`__scrape_timeout__` (a target's own interval and timeout, as Prometheus durations such as
+`30s` or `1m`, or numbers of seconds). A file that stops parsing keeps its last good list in
+use, as Prometheus does, and the error is reported.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Target:
     model: str | None = None
     pool: str | None = None
     gpus: int | None = None
+    gpu_uuids: tuple[str, ...] = ()
     interval_s: float | None = None  # None: the configured scrape interval
     timeout_s: float | None = None  # None: the configured scrape timeout
 
@@ -68,6 +71,7 @@ KNOWN_LABELS = frozenset(
         "model",
         "pool",
         "gpus",
+        "gpu_uuids",
         "pod",
         "namespace",
         "__scheme__",
@@ -113,6 +117,31 @@ def gpu_count(value: object) -> int:
     return count
 
 
+def gpu_uuid_list(value: object) -> tuple[str, ...]:
+    """GPU UUIDs from a config list of strings or a comma-separated label string, in the form
+    `nvidia-smi -L` and dcgm-exporter's `UUID` label show (`GPU-` and hex groups)."""
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ValueError(  # noqa: TRY004 (callers report every bad value as a ValueError)
+            f"must be a list of GPU UUIDs or a comma-separated string, got {value!r}"
+        )
+    uuids: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or _GPU_UUID.fullmatch(item) is None:
+            raise ValueError(
+                f"must hold GPU UUIDs such as GPU-5d1c2a3b-0f2e-4b6a-9c1d-2e3f4a5b6c7d "
+                f"(`nvidia-smi -L` lists them), got {item!r}"
+            )
+        uuids.append(item)
+    return tuple(uuids)
+
+
+_GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f]+(?:-[0-9A-Fa-f]+)*")
+
+
 def check_scrape_url(url: str) -> None:
     """Raise ValueError unless `url` can be scraped: http or https, with a host."""
     try:
@@ -150,6 +179,11 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         gpus = None if gpus_value is None else gpu_count(gpus_value)
     except ValueError as exc:
         raise TargetError(f"{where}: label gpus {exc}") from exc
+    uuids_value = labels.get("gpu_uuids")
+    try:
+        gpu_uuids = () if uuids_value in (None, "") else gpu_uuid_list(uuids_value)
+    except ValueError as exc:
+        raise TargetError(f"{where}: label gpu_uuids {exc}") from exc
 
     def text(name: str) -> str | None:
         value = labels.get(name)
@@ -179,6 +213,7 @@ def target_from_labels(address: str, labels: Mapping[str, Any], *, where: str) -
         model=text("model"),
         pool=text("pool"),
         gpus=gpus,
+        gpu_uuids=gpu_uuids,
         interval_s=interval_s,
         timeout_s=timeout_s,
     )
@@ -293,6 +328,7 @@ def targets_frame(seen: Iterable[tuple[Target, datetime, datetime]]) -> pl.DataF
                 t.gpus,
                 first,
                 last,
+                list(t.gpu_uuids) or None,
             )
             for t, first, last in seen
         ],

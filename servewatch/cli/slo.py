@@ -8,7 +8,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from servewatch.answers import alerts_answer, slo_answer
+from servewatch.answers import alerts_answer, described, slo_answer
 from servewatch.cli.app import (
     DEFAULT_DB,
     EXIT_BAD_INPUT,
@@ -69,11 +69,15 @@ def slo_status_command(
     ctx: typer.Context,
     slo: SloOption = None,
     config: ConfigOption = None,
-    at: Annotated[str | None, typer.Option(help="Evaluate at this time (default: now).")] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(help="Evaluate at this time (default: the end of the data the SLOs read)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Budget remaining and consumed, burn rate per alert window, time to exhaustion and alert
-    state of every SLO, exact from per-minute good and total counts."""
+    state of every SLO, exact from per-minute good and total counts. A period without events
+    says "no data". The output names the instant evaluated and why."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
     moment = instant(at, "--at")
@@ -88,7 +92,9 @@ def slo_status_command(
     if as_json:
         print_json(document)
         return
-    out_console.print(slo_status_table(document["slos"], at=document["at"]))
+    out_console.print(
+        slo_status_table(document["slos"], at=document["at"], caption=described(document))
+    )
 
 
 @slo_app.command("rules")
@@ -165,11 +171,27 @@ def slo_evaluate_command(
 
 
 @app.command()
-def alerts(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """The alert state history recorded by SLO evaluations (pending, firing, resolved)."""
+def alerts(
+    ctx: typer.Context,
+    at: Annotated[
+        str | None,
+        typer.Option(help="History up to this time (default: the end of the stored data)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The alert state history recorded by SLO evaluations (pending, firing, resolved) up to
+    an instant, and which alerts were firing then. The output names the instant and why."""
     state = ctx.ensure_object(CliState)
-    document = read_answer(state, alerts_answer, path=ALERTS_PATH)
+    requested = instant(at, "--at")
+    document = read_answer(
+        state,
+        lambda store: alerts_answer(store, at=requested),
+        path=ALERTS_PATH,
+        params={} if at is None else {"at": at},
+    )
     if as_json:
         print_json(document)
         return
-    out_console.print(alerts_table(document["alerts"]))
+    table = alerts_table(document["alerts"])
+    table.caption = f"{len(document['firing'])} firing; history {described(document)}"
+    out_console.print(table)
