@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from servewatch.pipeline.window import WINDOW_MEDIA_TYPE, WindowQuery
 from servewatch.scraping import TargetHealth
 from servewatch.store import StoreError
 
+log = logging.getLogger("servewatch.run")
 TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 CHARTS_PREFIX = "/charts/"
@@ -103,11 +105,28 @@ def serve_health(
             elif url.path.startswith(API_PREFIX + "/"):
                 self._document(api.answer, url.path.removeprefix(API_PREFIX + "/"), params)
             elif url.path == "/" and api.page is not None:
-                self._page(api.page())
+                if (page := self._built(api.page)) is not None:
+                    self._page(page)
             elif url.path.startswith(CHARTS_PREFIX) and api.page is not None:
-                self._chart(api.page(), url.path.removeprefix(CHARTS_PREFIX))
+                if (page := self._built(api.page)) is not None:
+                    self._chart(page, url.path.removeprefix(CHARTS_PREFIX))
             else:
                 self.send_error(404)
+
+        def _built(self, page: Callable[[], BuiltPage]) -> BuiltPage | None:
+            """The page, or None once a 503 or 500 says why it could not be built."""
+            try:
+                return page()
+            except (StoreError, TimeoutError, NotCommittedError) as exc:
+                self._answer(
+                    503, f"the store could not be read for the page: {exc}\n".encode(), TEXT
+                )
+            except Exception as exc:
+                # One failing chart must not take the API down with it: say so, log it whole.
+                log.exception("building the live page failed")
+                text = f"the report page could not be built: {type(exc).__name__}: {exc}\n"
+                self._answer(500, text.encode(), TEXT)
+            return None
 
         def _authorized(self) -> bool:
             if expected is None:

@@ -20,6 +20,7 @@ from servewatch.fleet_gauges import (
     PoolGauges,
     SloGauges,
 )
+from servewatch.live_page import BuiltPage
 from servewatch.scraping import TargetHealth
 from servewatch.service import SelfMetrics
 from servewatch.service_http import ServiceApi, serve_health
@@ -151,3 +152,22 @@ def test_bad_api_settings_are_named(api: dict[str, str], error: str) -> None:
 
 def test_the_api_token_is_read() -> None:
     assert parse_config({"api": {"bearer_token": "abc"}}, source=None).api.bearer_token == "abc"
+
+
+def test_a_page_that_cannot_be_built_is_a_500_naming_why_and_the_api_still_answers() -> None:
+    def broken() -> BuiltPage:
+        raise TypeError("a chart met a null")
+
+    api = ServiceApi(
+        read_window=lambda q: b"", answer=lambda name, params: {"name": name}, page=broken
+    )
+    server = serve_health(SelfMetrics(), TargetHealth(failing_after=1), port=0, api=api)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        page = httpx.get(f"{url}/")
+        assert page.status_code == 500
+        assert page.text == "the report page could not be built: TypeError: a chart met a null\n"
+        assert httpx.get(f"{url}/api/v1/slo").json() == {"name": "slo"}
+    finally:
+        server.shutdown()
+        server.server_close()
