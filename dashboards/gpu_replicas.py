@@ -28,15 +28,12 @@ from servewatch.dashboards.downsampling import (
 )
 from servewatch.dashboards.panel import (
     ROW_PX,
-    WIDTH_PX,
     TimeDomain,
+    bucket_span,
     compact,
-    data_chart,
-    epoch_ms,
     natural_order,
     number_text,
-    time_tooltip,
-    time_x,
+    time_heatmap,
     titled,
 )
 
@@ -138,39 +135,29 @@ def _panel(
         .group_by(bucket_start("minute_ts", buckets).alias("bucket"), "replica")
         .agg(Reduction.MEAN.expr(panel.column))
         .select(
-            epoch_ms("bucket").alias("ts"),
-            (epoch_ms("bucket") + buckets.width_s * 1000).alias("ts_end"),
+            *bucket_span(buckets.width_s),
             "replica",
             (pl.col(panel.column) * panel.scale).alias("value"),
         )
         .sort("replica", "ts")
     )
-    return (
-        data_chart(data)
-        .mark_rect()
-        .encode(
-            time_x(domain=domain),
-            alt.X2("ts_end:T"),
-            alt.Y("replica:N", title="replica", sort=replicas),
-            alt.Color(
-                "value:Q",
-                title=panel.legend,
-                scale=alt.Scale(scheme=panel.scheme),
-                legend=alt.Legend(format=panel.legend_format),
-            ),
-            tooltip=[
-                time_tooltip(),
-                alt.Tooltip("replica:N"),
-                alt.Tooltip("value:Q", title=panel.legend, format=panel.legend_format),
-            ],
-        )
-        .properties(
-            width=WIDTH_PX,
-            height=max(60, ROW_PX * len(replicas)),
-            title=alt.TitleParams(
-                f"{panel.title} ({panel.folded} of each replica's GPUs)", fontSize=11
-            ),
-        )
+    return time_heatmap(
+        data,
+        y=alt.Y("replica:N", title="replica", sort=replicas),
+        color=alt.Color(
+            "value:Q",
+            title=panel.legend,
+            scale=alt.Scale(scheme=panel.scheme),
+            legend=alt.Legend(format=panel.legend_format),
+        ),
+        tooltip=[
+            alt.Tooltip("replica:N"),
+            alt.Tooltip("value:Q", title=panel.legend, format=panel.legend_format),
+        ],
+        domain=domain,
+        height_px=max(60, ROW_PX * len(replicas)),
+    ).properties(
+        title=alt.TitleParams(f"{panel.title} ({panel.folded} of each replica's GPUs)", fontSize=11)
     )
 
 

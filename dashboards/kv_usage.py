@@ -23,14 +23,11 @@ from servewatch.dashboards.downsampling import (
 from servewatch.dashboards.panel import (
     HEIGHT_PX,
     ROW_PX,
-    WIDTH_PX,
     TimeDomain,
+    bucket_span,
     compact,
-    data_chart,
-    epoch_ms,
     natural_order,
-    time_tooltip,
-    time_x,
+    time_heatmap,
     titled,
 )
 
@@ -61,34 +58,24 @@ def kv_usage_heatmap(
     data = compact(
         rows.group_by(bucket_start("minute_ts", buckets).alias("bucket"), "replica")
         .agg(reduction.expr("kv_cache_usage_ratio"))
-        .select(
-            epoch_ms("bucket").alias("ts"),
-            (epoch_ms("bucket") + buckets.width_s * 1000).alias("ts_end"),
-            "replica",
-            "kv_cache_usage_ratio",
-        )
+        .select(*bucket_span(buckets.width_s), "replica", "kv_cache_usage_ratio")
         .sort("replica", "ts")
     )
-    heat = (
-        data_chart(data)
-        .mark_rect()
-        .encode(
-            time_x(domain=domain),
-            alt.X2("ts_end:T"),
-            alt.Y("replica:N", title="replica", sort=replicas),
-            alt.Color(
-                "kv_cache_usage_ratio:Q",
-                title="KV usage (%)",
-                scale=alt.Scale(domain=[0, 1], scheme="viridis"),
-                legend=alt.Legend(format=".0%"),
-            ),
-            tooltip=[
-                time_tooltip(),
-                alt.Tooltip("replica:N"),
-                alt.Tooltip("kv_cache_usage_ratio:Q", title="KV usage", format=".1%"),
-            ],
-        )
-        .properties(width=WIDTH_PX, height=max(HEIGHT_PX, ROW_PX * len(replicas)))
+    heat = time_heatmap(
+        data,
+        y=alt.Y("replica:N", title="replica", sort=replicas),
+        color=alt.Color(
+            "kv_cache_usage_ratio:Q",
+            title="KV usage (%)",
+            scale=alt.Scale(domain=[0, 1], scheme="viridis"),
+            legend=alt.Legend(format=".0%"),
+        ),
+        tooltip=[
+            alt.Tooltip("replica:N"),
+            alt.Tooltip("kv_cache_usage_ratio:Q", title="KV usage", format=".1%"),
+        ],
+        domain=domain,
+        height_px=max(HEIGHT_PX, ROW_PX * len(replicas)),
     )
     subtitle = [
         (

@@ -23,13 +23,10 @@ from servewatch.dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_sta
 from servewatch.dashboards.latency import LatencyStat
 from servewatch.dashboards.panel import (
     ROW_PX,
-    WIDTH_PX,
     TimeDomain,
+    bucket_span,
     compact,
-    data_chart,
-    epoch_ms,
-    time_tooltip,
-    time_x,
+    time_heatmap,
     titled,
 )
 
@@ -87,8 +84,7 @@ def _panel(rows: pl.DataFrame, stat: LatencyStat, *, domain: TimeDomain | None) 
         .with_columns(share=pl.col("count") / pl.col("count").sum().over("bucket"))
         .filter(pl.col("share").is_finite())
         .select(
-            epoch_ms("bucket").alias("ts"),
-            (epoch_ms("bucket") + buckets.width_s * 1000).alias("ts_end"),
+            *bucket_span(buckets.width_s),
             pl.col("le").replace_strict(label_of, return_dtype=pl.String).alias("band"),
             "count",
             "share",
@@ -97,35 +93,28 @@ def _panel(rows: pl.DataFrame, stat: LatencyStat, *, domain: TimeDomain | None) 
     )
     named = [edge_text(e) for e in edges if not math.isinf(e)]
     shown = ", ".join(named[:MAX_EDGES_NAMED]) + (" ..." if len(named) > MAX_EDGES_NAMED else "")
-    return (
-        data_chart(data)
-        .mark_rect()
-        .encode(
-            time_x(domain=domain),
-            alt.X2("ts_end:T"),
-            alt.Y("band:O", title=f"{stat.value} bucket", sort=list(reversed(labels))),
-            alt.Color(
-                "share:Q",
-                title="share of observations (%)",
-                scale=alt.Scale(domain=[0, 1], scheme="blues"),
-                legend=alt.Legend(format=".0%"),
-            ),
-            tooltip=[
-                time_tooltip(),
-                alt.Tooltip("band:N", title="bucket"),
-                alt.Tooltip("count:Q", title="observations", format=",.0f"),
-                alt.Tooltip("share:Q", title="share", format=".1%"),
-            ],
-        )
-        .properties(
-            width=WIDTH_PX,
-            height=max(60, ROW_PX * len(edges)),
-            title=alt.TitleParams(
-                f"{stat.title}: {len(edges)} buckets per {buckets.label}",
-                subtitle=[f"Bucket edges: {shown}, +Inf."],
-                fontSize=11,
-            ),
-        )
+    return time_heatmap(
+        data,
+        y=alt.Y("band:O", title=f"{stat.value} bucket", sort=list(reversed(labels))),
+        color=alt.Color(
+            "share:Q",
+            title="share of observations (%)",
+            scale=alt.Scale(domain=[0, 1], scheme="blues"),
+            legend=alt.Legend(format=".0%"),
+        ),
+        tooltip=[
+            alt.Tooltip("band:N", title="bucket"),
+            alt.Tooltip("count:Q", title="observations", format=",.0f"),
+            alt.Tooltip("share:Q", title="share", format=".1%"),
+        ],
+        domain=domain,
+        height_px=max(60, ROW_PX * len(edges)),
+    ).properties(
+        title=alt.TitleParams(
+            f"{stat.title}: {len(edges)} buckets per {buckets.label}",
+            subtitle=[f"Bucket edges: {shown}, +Inf."],
+            fontSize=11,
+        ),
     )
 
 

@@ -19,14 +19,11 @@ from servewatch.dashboards.columns import MINUTE_TS, REPLICA, Column, ColumnKind
 from servewatch.dashboards.downsampling import MAX_POINTS_PER_SERIES, bucket_start, buckets_for
 from servewatch.dashboards.panel import (
     ROW_PX,
-    WIDTH_PX,
     TimeDomain,
+    bucket_span,
     compact,
-    data_chart,
-    epoch_ms,
     natural_order,
-    time_tooltip,
-    time_x,
+    time_heatmap,
     titled,
 )
 
@@ -74,8 +71,7 @@ def _panel(
         .with_columns(share=pl.col("count") / pl.col("count").sum().over("bucket"))
         .filter(pl.col("share").is_finite())
         .select(
-            epoch_ms("bucket").alias("ts"),
-            (epoch_ms("bucket") + buckets.width_s * 1000).alias("ts_end"),
+            *bucket_span(buckets.width_s),
             "replica",
             "count",
             "share",
@@ -83,32 +79,25 @@ def _panel(
         )
         .sort("replica", "ts")
     )
-    return (
-        data_chart(data)
-        .mark_rect()
-        .encode(
-            time_x(domain=domain),
-            alt.X2("ts_end:T"),
-            alt.Y("replica:N", title="replica", sort=replicas),
-            alt.Color(
-                "vs_even:Q",
-                title=f"share of {label} / even share",
-                scale=alt.Scale(domain=[0, 1, 2], range=["#2166ac", "#f7f7f7", "#b2182b"]),
-                legend=alt.Legend(format=".1f"),
-            ),
-            tooltip=[
-                time_tooltip(),
-                alt.Tooltip("replica:N"),
-                alt.Tooltip("count:Q", title=label, format=",.0f"),
-                alt.Tooltip("share:Q", title="share of the fleet", format=".1%"),
-                alt.Tooltip("vs_even:Q", title="x even share", format=".2f"),
-            ],
-        )
-        .properties(
-            width=WIDTH_PX,
-            height=max(60, ROW_PX * len(replicas)),
-            title=alt.TitleParams(f"Share of {label} per {buckets.label}", fontSize=11),
-        )
+    return time_heatmap(
+        data,
+        y=alt.Y("replica:N", title="replica", sort=replicas),
+        color=alt.Color(
+            "vs_even:Q",
+            title=f"share of {label} / even share",
+            scale=alt.Scale(domain=[0, 1, 2], range=["#2166ac", "#f7f7f7", "#b2182b"]),
+            legend=alt.Legend(format=".1f"),
+        ),
+        tooltip=[
+            alt.Tooltip("replica:N"),
+            alt.Tooltip("count:Q", title=label, format=",.0f"),
+            alt.Tooltip("share:Q", title="share of the fleet", format=".1%"),
+            alt.Tooltip("vs_even:Q", title="x even share", format=".2f"),
+        ],
+        domain=domain,
+        height_px=max(60, ROW_PX * len(replicas)),
+    ).properties(
+        title=alt.TitleParams(f"Share of {label} per {buckets.label}", fontSize=11),
     )
 
 

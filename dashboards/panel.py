@@ -92,6 +92,39 @@ def time_tooltip(field: str = "ts", *, title: str = "time") -> Any:
     return alt.Tooltip(f"{field}:T", title=title, format=TOOLTIP_TIME_FORMAT, formatType="utc")
 
 
+def bucket_span(width_s: float, column: str = "bucket") -> tuple[pl.Expr, pl.Expr]:
+    """A time bucket's start and end in epoch ms, `ts` and `ts_end`: a heatmap cell's x, x2."""
+    return (
+        epoch_ms(column).alias("ts"),
+        (epoch_ms(column) + width_s * 1000).alias("ts_end"),
+    )
+
+
+def time_heatmap(
+    data: pl.DataFrame,
+    *,
+    y: Any,
+    color: Any,
+    tooltip: Sequence[Any],
+    domain: TimeDomain | None,
+    height_px: int,
+) -> Any:
+    """Cells from `ts` to `ts_end` (see `bucket_span`) on rows `y`, coloured by `color`; the
+    tooltip starts with the cell's time."""
+    return (
+        data_chart(data)
+        .mark_rect()
+        .encode(
+            time_x(domain=domain),
+            alt.X2("ts_end:T"),
+            y,
+            color,
+            tooltip=[time_tooltip(), *tooltip],
+        )
+        .properties(width=WIDTH_PX, height=height_px)
+    )
+
+
 def titled(chart: Any, *, title: str, subtitle: Sequence[str]) -> Any:
     """The chart with its title and subtitle lines (what is drawn, units, any reduction)."""
     return chart.properties(

@@ -29,6 +29,7 @@ from servewatch.dashboards.attainment import (
     has_token_counts,
     token_goodput_chart,
 )
+from servewatch.dashboards.box_signal import BoxFrames
 from servewatch.dashboards.burn_rate import burn_rate_chart
 from servewatch.dashboards.capacity_answer import CapacityAnswer
 from servewatch.dashboards.capacity_curve import CapacityCurve, capacity_curve_chart
@@ -54,6 +55,7 @@ from servewatch.dashboards.latency_heatmap import latency_heatmap_chart
 from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import TimeDomain, natural_order
 from servewatch.dashboards.prefix_cache import prefix_cache_chart
+from servewatch.dashboards.prompt_token_sources import prompt_token_sources_chart
 from servewatch.dashboards.replica_table import replica_chart, replica_rows
 from servewatch.dashboards.request_length import (
     LengthKind,
@@ -63,6 +65,7 @@ from servewatch.dashboards.request_length import (
 from servewatch.dashboards.request_phase import phases_from_requests, request_phase_chart
 from servewatch.dashboards.scheduler_state import scheduler_state_chart
 from servewatch.dashboards.scrape_health import scrape_health_chart
+from servewatch.dashboards.seven_boxes import box_signals, seven_boxes_chart
 from servewatch.dashboards.slo_verdict import SloVerdict
 from servewatch.dashboards.token_throughput import (
     COUNTER_SOURCE,
@@ -93,6 +96,7 @@ class Section(Enum):
     ENGINE = "Engine: scheduler, KV cache and tokens"
     REQUESTS = "Requests: lengths and finish reasons"
     GPU = "GPUs"
+    BOXES = "The seven boxes: gateway to observer"
 
 
 # What a reader can run to fill a section that has no data, in their words.
@@ -206,6 +210,8 @@ class ReportInputs:
     capacity_answer: CapacityAnswer | None = None
     # The objective replicas are held to in the replica table.
     replica_objective_ratio: float | None = None
+    # vLLM's prompt tokens by source per minute (pipeline.prompt_token_sources columns).
+    prompt_token_sources: Frame | None = None
 
 
 def slug(text: str) -> str:
@@ -386,6 +392,8 @@ def build_report(
     _request_mix(out, inputs, requests=requests, window=window)
     _load_balance(out, inputs, window=window)
     _gpu(out, inputs, window=window)
+    _prompt_token_sources(out, inputs, window=window)
+    _seven_boxes(out, inputs, requests=requests, window=window)
     return Report(
         title=title,
         window=window,
@@ -778,3 +786,43 @@ def _capacity(out: _Builder, inputs: ReportInputs) -> None:
             verdicts=drill.verdicts,
         )
         out.add("failure-drill", Section.CAPACITY, "Failure drill", chart)
+
+
+def _prompt_token_sources(
+    out: _Builder, inputs: ReportInputs, *, window: TimeDomain | None
+) -> None:
+    title = "Prompt tokens by source"
+    frame = inputs.prompt_token_sources
+    rows = None if frame is None else _in_window(frame, "minute_ts", window).collect()
+    if rows is None or rows.is_empty():
+        out.omit(
+            title,
+            "not exported: the engines send no prompt tokens by source (vLLM 0.16 and later "
+            "count them as prompt_tokens_by_source_total)",
+        )
+        return
+    chart = prompt_token_sources_chart(rows, domain=window)
+    out.add("prompt-token-sources", Section.ENGINE, title, chart)
+
+
+def _seven_boxes(
+    out: _Builder, inputs: ReportInputs, *, requests: pl.DataFrame | None, window: TimeDomain | None
+) -> None:
+    def cut(frame: Frame | None, column: str) -> pl.DataFrame | None:
+        return None if frame is None else _in_window(frame, column, window).collect()
+
+    frames = BoxFrames(
+        window=window,
+        requests=requests,
+        request_minutes=cut(inputs.request_minutes, "minute_ts"),
+        finish_reasons=cut(inputs.finish_reasons, "minute_ts"),
+        prefix_cache=cut(inputs.prefix_cache, "minute_ts"),
+        scheduler_state=cut(inputs.scheduler_state, "minute_ts"),
+        kv_cache_usage=cut(inputs.kv_cache_usage, "minute_ts"),
+        prompt_token_sources=cut(inputs.prompt_token_sources, "minute_ts"),
+        scrapes=cut(inputs.scrapes, "ts"),
+        targets=None if inputs.targets is None else inputs.targets.lazy().collect(),
+        findings=inputs.findings,
+    )
+    chart = seven_boxes_chart(box_signals(frames))
+    out.add("seven-boxes", Section.BOXES, "The seven boxes", chart)

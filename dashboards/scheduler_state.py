@@ -56,8 +56,11 @@ def scheduler_state_chart(
     """Fleet running and waiting requests; below, preemptions per minute when given."""
     rows = SCHEDULER_CONTRACT.select(frame)
     buckets = buckets_for(rows, domain=domain, max_points=max_points)
-    fleet = rows.group_by("minute_ts").agg(
-        running=pl.col("running_requests").sum(), waiting=pl.col("waiting_requests").sum()
+    # Minutes holding only a preemption count (no gauge sample) are no zero in the lines.
+    fleet = (
+        rows.filter(pl.col("running_requests").is_not_null())
+        .group_by("minute_ts")
+        .agg(running=pl.col("running_requests").sum(), waiting=pl.col("waiting_requests").sum())
     )
     data = compact(
         fleet.group_by(bucket_start("minute_ts", buckets).alias("bucket"))

@@ -22,12 +22,11 @@ from servewatch.dashboards.panel import (
     ROW_PX,
     WIDTH_PX,
     TimeDomain,
+    bucket_span,
     compact,
     data_chart,
-    epoch_ms,
     natural_order,
-    time_tooltip,
-    time_x,
+    time_heatmap,
     titled,
 )
 
@@ -88,7 +87,8 @@ def _table(failing: pl.DataFrame) -> Any:
             row["target_id"],
             f"{row['failed']:,} of {row['scrapes']:,}",
             "ok" if row["last_ok"] else "failed: unreachable",
-            f"{row['duration_p95_s'] * 1000:,.0f} ms",
+            # Replayed scrapes record no duration.
+            "-" if row["duration_p95_s"] is None else f"{row['duration_p95_s'] * 1000:,.0f} ms",
             error,
         )
         cells += [(n, i, v) for i, v in enumerate(values)]
@@ -126,37 +126,25 @@ def scrape_health_chart(
             (~pl.col("ok")).sum().alias("failed"),
             (~pl.col("ok")).mean().alias("failed_ratio"),
         )
-        .select(
-            epoch_ms("bucket").alias("ts"),
-            (epoch_ms("bucket") + buckets.width_s * 1000).alias("ts_end"),
-            "target_id",
-            "scrapes",
-            "failed",
-            "failed_ratio",
-        )
+        .select(*bucket_span(buckets.width_s), "target_id", "scrapes", "failed", "failed_ratio")
         .sort("target_id", "ts")
     )
-    heat = (
-        data_chart(data)
-        .mark_rect()
-        .encode(
-            time_x(domain=domain),
-            alt.X2("ts_end:T"),
-            alt.Y("target_id:N", title="target", sort=targets),
-            alt.Color(
-                "failed_ratio:Q",
-                title="failed scrapes (%)",
-                scale=alt.Scale(domain=[0, 1], range=["#e8f4e8", "#d62728"]),
-                legend=alt.Legend(format=".0%"),
-            ),
-            tooltip=[
-                time_tooltip(),
-                alt.Tooltip("target_id:N", title="target"),
-                alt.Tooltip("failed:Q", title="failed scrapes"),
-                alt.Tooltip("scrapes:Q", title="scrapes"),
-            ],
-        )
-        .properties(width=WIDTH_PX, height=max(HEIGHT_PX // 2, ROW_PX * len(targets)))
+    heat = time_heatmap(
+        data,
+        y=alt.Y("target_id:N", title="target", sort=targets),
+        color=alt.Color(
+            "failed_ratio:Q",
+            title="failed scrapes (%)",
+            scale=alt.Scale(domain=[0, 1], range=["#e8f4e8", "#d62728"]),
+            legend=alt.Legend(format=".0%"),
+        ),
+        tooltip=[
+            alt.Tooltip("target_id:N", title="target"),
+            alt.Tooltip("failed:Q", title="failed scrapes"),
+            alt.Tooltip("scrapes:Q", title="scrapes"),
+        ],
+        domain=domain,
+        height_px=max(HEIGHT_PX // 2, ROW_PX * len(targets)),
     )
     summary = target_summary(scrapes)
     failing = summary.filter(pl.col("failed") > 0)

@@ -23,6 +23,7 @@ from servewatch.pipeline.metric_sli import (
     gauge_stats,
     series_window_stats,
 )
+from servewatch.pipeline.prompt_token_sources import prompt_token_source_minutes
 from servewatch.pipeline.promql import histogram_quantile_frame
 from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal
 
@@ -144,7 +145,9 @@ def metric_minute_frames(
     scheduler = (
         gauge(Signal.REQUESTS_RUNNING, "running_requests")
         .join(gauge(Signal.REQUESTS_WAITING, "waiting_requests"), on=on, how="full", coalesce=True)
-        .join(counter(Signal.PREEMPTIONS, "preemptions"), on=on, how="left")
+        # Full: a counter's increase is filed under its later sample's minute, which need not
+        # be a minute the gauges' windows hold a sample in (scrapes on the minute boundary).
+        .join(counter(Signal.PREEMPTIONS, "preemptions"), on=on, how="full", coalesce=True)
     )
     prefix = counter(Signal.PREFIX_CACHE_HITS_TOKENS, "hits_tokens").join(
         counter(Signal.PREFIX_CACHE_QUERIES_TOKENS, "queries_tokens"),
@@ -181,4 +184,5 @@ def metric_minute_frames(
         "latency_buckets": pl.concat(
             [histogram(stat, signal) for stat, signal in LATENCY_SIGNALS], how="vertical_relaxed"
         ),
+        "prompt_token_sources": prompt_token_source_minutes(points, dimensions),
     }

@@ -757,15 +757,22 @@ def _extrapolated_frame(
         .filter((pl.col("_n") >= 2) & (position == pl.col("_n") - 1))
         .rename({"_t_ms": "_t_last"})
         .join(
-            pl.LazyFrame({"_k": range(len(ends_ms)), "_end_ms": ends_ms}).cast(
-                {"_k": pl.Int64, "_end_ms": pl.Int64}
+            # Each end's seconds divided here, exactly: Polars' division by 1000 can land one
+            # ulp off Python's, and callers key their rows by the float they pass.
+            pl.LazyFrame(
+                {
+                    "_k": range(len(ends_ms)),
+                    "_end_ms": ends_ms,
+                    "window_end_s": [end / 1000 for end in ends_ms],
+                },
+                schema={"_k": pl.Int64, "_end_ms": pl.Int64, "window_end_s": pl.Float64},
             ),
             on="_k",
         )
     )
     return windows.select(
         series,
-        (pl.col("_end_ms") / 1000).alias("window_end_s"),
+        "window_end_s",
         _extrapolated_value(range_ms=range_ms, is_rate=is_rate).alias(out_column),
     ).sort([series_column, "window_end_s"])
 

@@ -32,6 +32,7 @@ from servewatch.pipeline.metric_sli import (
     latency_quantiles,
 )
 from servewatch.pipeline.natural_sort import natural_key
+from servewatch.pipeline.promql import to_milliseconds
 from servewatch.pipeline.request_sli import LATENCY_SLIS, PERCENTILES, GoodputLimits, request_slis
 from servewatch.pipeline.signals import Signal
 from servewatch.pipeline.window import POINTS_LEAD, Window
@@ -322,7 +323,14 @@ def _cross_check(
 
 
 def _epoch_s(moment: datetime) -> float:
-    return moment.replace(tzinfo=UTC).timestamp()
+    """Epoch seconds of `moment` as whole milliseconds over 1000: the float the increase
+    frames give back for a window end, so the two key the same rows."""
+    return to_milliseconds(moment.replace(tzinfo=UTC).timestamp()) / 1000
+
+
+def _millisecond(moment: datetime) -> datetime:
+    """`moment` at the nearest whole millisecond, as `promql.to_milliseconds` rounds."""
+    return _instant(_epoch_s(moment))
 
 
 def _instant(epoch_s: float) -> datetime:
@@ -409,7 +417,9 @@ def histogram_section(
     from_ts, to_ts, span = window.from_ts, window.to_ts, window.stored_points
     if span is None:
         return None
-    start, end = from_ts or span.first, to_ts or span.last
+    # PromQL evaluates at whole milliseconds (Prometheus' timestamps), and so do the increase
+    # frames: edges finer than that would key the window's rows apart from its lookups.
+    start, end = _millisecond(from_ts or span.first), _millisecond(to_ts or span.last)
     if end <= start or span.last < start or span.first > end:
         return None
     # Range selectors include both edges; points_between excludes its upper bound.

@@ -14,6 +14,7 @@ from typing import Any
 
 from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.scrape.targets import (
+    TARGET_FIELDS,
     Target,
     TargetError,
     check_scrape_url,
@@ -126,21 +127,7 @@ def _bearer_token(section: _Section) -> str | None:
 def _target(section: _Section, scrape: ScrapeSettings) -> Target:
     """One inline [[targets]] entry; `interval_s` and `timeout_s` override the scrape settings
     for this target (a timeout longer than the target's interval is refused)."""
-    labels = {
-        k: section.raw(k)
-        for k in (
-            "kind",
-            "replica",
-            "host",
-            "zone",
-            "model",
-            "pool",
-            "gpus",
-            "gpu_uuids",
-            "pod",
-            "namespace",
-        )
-    }
+    labels = {k: section.raw(k) for k in TARGET_FIELDS}
     url = section.text("url")
     if url is None:
         raise section.fail("url", "is required (the target's /metrics URL)")

@@ -42,8 +42,7 @@ from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import slo_views, window_report
 from servewatch.service import Service
 from servewatch.slo.alert_state import changes_to_frame
-from servewatch.slo.alerting import replay as replay_alerts
-from servewatch.slo_service import load_specs, slo_minutes_at, status_at
+from servewatch.slo_service import load_specs, replay_from_store, status_at
 from servewatch.store import Store
 from servewatch.store.rollup_job import roll_up_request_minutes, roll_up_slo_minutes
 
@@ -234,8 +233,7 @@ def run_demo(
         roll_up_request_minutes(store)
         roll_up_slo_minutes(store, criteria=[c for s in specs if (c := s.event_criterion())])
         progress("evaluating SLOs minute by minute")
-        minutes = slo_minutes_at(store, specs=specs, at=end)
-        changes = replay_alerts(minutes, specs=specs, start=start, end=end)
+        changes = replay_from_store(store, specs=specs, start=start, end=end)
         store.write_alert_changes(changes_to_frame(changes))
         statuses = status_at(store, specs=specs, at=end)
         progress("looking for fleet-health findings")

@@ -14,7 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from servewatch.health.finding import Finding
+from servewatch.slo.absent_alert import ABSENT_WINDOW_S
 from servewatch.slo.alert_state import AlertChange
+from servewatch.slo.durations import format_duration
+
+# How an absent-data alert's window reads in an alert's JSON (both windows are it).
+ABSENT_WINDOW = format_duration(ABSENT_WINDOW_S)
 
 # Messages are never wrapped by width (a terminal wraps them, a log keeps them whole), and no
 # text is read as markup: paths, config sections such as [slo] and errors are shown as they are.
@@ -259,7 +264,9 @@ def alerts_table(changes: Sequence[dict[str, Any]]) -> Table:
             str(change["changed"]).removesuffix("Z")[:16],
             change["slo"],
             change["severity"],
-            f"{change['window']}/{change['short_window']}",
+            f"absent {change['window']}"
+            if change["window"] == change["short_window"] == ABSENT_WINDOW
+            else f"{change['window']}/{change['short_window']}",
             change["state"],
             f"{_fmt(change['long_burn_rate'], digits=2)} / "
             f"{_fmt(change['short_burn_rate'], digits=2)}",

@@ -272,6 +272,7 @@ def window_report(
         findings=tuple(findings)
         if findings is not None
         else health_findings(window, version_label=version_label),
+        prompt_token_sources=metric_frames.get("prompt_token_sources"),
         **({} if record is None else record_views(record)),
         **slo_inputs,
     )

@@ -26,7 +26,13 @@ from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
 from servewatch.slo.alert_state import AlertChange, TableAlertStateStore, changes_from_frame
 from servewatch.slo.alerting import Evaluation, replay, step
-from servewatch.slo.counter_windows import SAMPLES_COLUMNS, window_increases
+from servewatch.slo.burn_rate import evaluation_minute
+from servewatch.slo.counter_windows import (
+    LOOKBACK_S,
+    SAMPLES_COLUMNS,
+    present_at,
+    window_increases,
+)
 from servewatch.slo.finding_alerts import AlertStateView, is_slo_alert
 from servewatch.slo.imports import load_slo_file
 from servewatch.slo.notification import Notifier
@@ -201,14 +207,24 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
     return pl.concat(frames)
 
 
-def metric_alert_sums(
+@dataclass(frozen=True)
+class MetricAlertInputs:
+    """What the alerts of metric-counted SLOs read besides the minute sums: their alert
+    windows as PromQL's `sum(increase(...))` gives them (`slo.counter_windows`), and whether
+    their series are present, for the absent-data alert (`slo.absent_alert`)."""
+
+    sums: pl.LazyFrame
+    presence: pl.LazyFrame
+
+
+def metric_alert_inputs(
     store: Store, *, specs: Sequence[SloSpec], instants: Sequence[datetime]
-) -> pl.LazyFrame | None:
-    """The alert windows of the metric-counted SLOs at each of `instants`, as PromQL's
-    `sum(increase(...))` over the stored samples gives them (`slo.counter_windows`), so the
-    evaluation agrees with Prometheus running `slo rules`' output minute by minute. None
-    when no SLO is counted from metrics."""
-    metric_specs = [s for s in specs if s.metric_criterion() is not None]
+) -> MetricAlertInputs | None:
+    """The alert inputs of the metric-counted SLOs at each of `instants`, from the stored
+    samples, so the evaluation agrees with Prometheus running `slo rules`' output minute by
+    minute. None when no SLO is counted from metrics."""
+    # An SLO without alert windows has no alert for the absent-data alert to stand in for.
+    metric_specs = [s for s in specs if s.metric_criterion() is not None and s.windows]
     if not metric_specs or not instants:
         return None
     criteria = [c for s in metric_specs if (c := s.metric_criterion()) is not None]
@@ -220,9 +236,7 @@ def metric_alert_sums(
             for length in (pair.long_window_s, pair.short_window_s)
         }
     )
-    if not windows:
-        return None
-    longest = max(length for _, length in windows)
+    longest = max([LOOKBACK_S, *(length for _, length in windows)])
     dimensions = series_dimensions(store.read_series(), store.read_targets())
     chosen = metric_slo_series(dimensions, criteria=criteria)
     for spec in metric_specs:
@@ -232,25 +246,38 @@ def metric_alert_sums(
     points = store.read_points(
         from_ts=min(instants) - timedelta(seconds=longest), to_ts=max(instants) + MINUTE
     )
+    # Collected once: both the window sums and the presence read these samples.
     samples = (
         points.join(chosen.select("series_id", "slo", "role").collect().lazy(), on="series_id")
         .filter(pl.col("ts") <= max(instants))
         .select(SAMPLES_COLUMNS)
+        .collect()
+        .lazy()
     )
-    return window_increases(samples, instants=instants, windows_s=windows)
+    return MetricAlertInputs(
+        sums=window_increases(samples, instants=instants, windows_s=windows),
+        presence=present_at(samples, instants=instants, slos=[s.name for s in metric_specs]),
+    )
 
 
 def replay_from_store(
     store: Store, *, specs: Sequence[SloSpec], start: datetime, end: datetime
 ) -> tuple[AlertChange, ...]:
     """Every minute's alert evaluation from `start` to `end` in virtual time, as the scheduled
-    evaluation would have recorded it (metric SLOs through `metric_alert_sums`)."""
+    evaluation would have recorded it (metric SLOs through `metric_alert_inputs`)."""
     minutes = slo_minutes_at(store, specs=specs, at=end)
     first = start.replace(second=0, microsecond=0)
     count = int((end.replace(second=0, microsecond=0) - first) / MINUTE) + 1
     instants = [first + i * MINUTE for i in range(max(count, 0))]
-    sums = metric_alert_sums(store, specs=specs, instants=instants)
-    return replay(minutes, specs=specs, start=start, end=end, alert_sums=sums)
+    inputs = metric_alert_inputs(store, specs=specs, instants=instants)
+    return replay(
+        minutes,
+        specs=specs,
+        start=start,
+        end=end,
+        alert_sums=None if inputs is None else inputs.sums,
+        presence=None if inputs is None else inputs.presence,
+    )
 
 
 def status_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> tuple[SloStatus, ...]:
@@ -268,5 +295,13 @@ def evaluate(
     minutes = slo_minutes_at(store, specs=specs, at=at)
     # Finding alerts share the table; this state machine must not resolve them.
     states = AlertStateView(TableAlertStateStore(store), keep=is_slo_alert)
-    sums = metric_alert_sums(store, specs=specs, instants=[at.replace(second=0, microsecond=0)])
-    return step(minutes, specs=specs, at=at, states=states, notifier=notifier, alert_sums=sums)
+    inputs = metric_alert_inputs(store, specs=specs, instants=[evaluation_minute(at)])
+    return step(
+        minutes,
+        specs=specs,
+        at=at,
+        states=states,
+        notifier=notifier,
+        alert_sums=None if inputs is None else inputs.sums,
+        presence=None if inputs is None else inputs.presence,
+    )

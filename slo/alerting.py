@@ -5,7 +5,9 @@ changes, records them and notifies.
 A window pair's condition holds when the error ratio of both its long and its short window
 exceeds burn_threshold x (1 - objective) and each window counted at least `min_events` events
 (the low-traffic guard: one failure among three requests is not an outage). The long window
-makes the alert significant, the short one makes it stop soon after the errors stop.
+makes the alert significant, the short one makes it stop soon after the errors stop. SLOs
+counted from metrics also get an absent-data alert (`slo.absent_alert`), from the presence of
+their series at each instant.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime
 
 import polars as pl
 
+from servewatch.slo.absent_alert import absent_conditions
 from servewatch.slo.alert_state import (
     AlertChange,
     AlertKey,
@@ -66,19 +69,21 @@ def alert_windows_table(specs: Sequence[SloSpec]) -> pl.LazyFrame:
     )
 
 
+def _given_ratio(sums: pl.LazyFrame) -> pl.Expr:
+    """`error_ratio` as the sums give it (metric SLOs' PromQL-computed ratios), else null."""
+    if "error_ratio" in sums.collect_schema().names():
+        return pl.col("error_ratio").cast(pl.Float64)
+    return pl.lit(None, dtype=pl.Float64).alias("error_ratio")
+
+
 def _window(sums: pl.LazyFrame, prefix: str, on: str) -> pl.LazyFrame:
-    given = (
-        pl.col("error_ratio")
-        if "error_ratio" in sums.collect_schema().names()
-        else pl.lit(None, dtype=pl.Float64)
-    )
     return sums.select(
         "at",
         "slo",
         pl.col("window_s").alias(on),
         pl.col("good").alias(f"{prefix}_good"),
         pl.col("total").alias(f"{prefix}_total"),
-        given.alias(f"{prefix}_given_ratio"),
+        _given_ratio(sums).alias(f"{prefix}_given_ratio"),
     )
 
 
@@ -149,7 +154,7 @@ def alert_conditions(sums: pl.LazyFrame, *, specs: Sequence[SloSpec]) -> pl.Lazy
 
 def alert_labels_of(spec: SloSpec) -> tuple[tuple[str, str], ...]:
     """The labels an SLO's alerts carry besides their identity: its scope and its labels."""
-    return tuple(sorted((*spec.scope, *spec.labels)))
+    return spec.alert_labels
 
 
 def conditions_from_rows(
@@ -206,12 +211,27 @@ def with_window_sums(sums: pl.LazyFrame, *, replaced: pl.LazyFrame | None) -> pl
         pl.col("window_s"),
         pl.col("good", "total").cast(pl.Float64),
     ]
+    # The replaced windows keep the ratio PromQL computes from their rates: recomputed from
+    # the summed increases it may round to the other side of a threshold it lands on.
     return pl.concat(
         [
-            sums.join(replaced.select(keys), on=keys, how="anti").select(columns),
-            replaced.select(columns),
+            sums.join(replaced.select(keys), on=keys, how="anti").select(
+                *columns, _given_ratio(sums)
+            ),
+            replaced.select(*columns, _given_ratio(replaced)),
         ]
     )
+
+
+def _presence_by_instant(
+    presence: pl.LazyFrame | None,
+) -> dict[datetime, list[dict[str, object]]]:
+    if presence is None:
+        return {}
+    rows: dict[datetime, list[dict[str, object]]] = {}
+    for row in presence.select("at", "slo", "present").collect().iter_rows(named=True):
+        rows.setdefault(row["at"], []).append(row)
+    return rows
 
 
 def evaluate_at(
@@ -220,16 +240,19 @@ def evaluate_at(
     specs: Sequence[SloSpec],
     at: datetime,
     alert_sums: pl.LazyFrame | None = None,
+    presence: pl.LazyFrame | None = None,
 ) -> tuple[Condition, ...]:
-    """Every alert's condition at `at` (one collect); `alert_sums` replaces the minute sums
-    of the windows it holds (`with_window_sums`)."""
+    """Every alert's condition at `at`; `alert_sums` replaces the minute sums of the windows
+    it holds (`with_window_sums`), `presence` (`slo.counter_windows.present_at` rows) adds
+    the absent-data alerts of the SLOs it lists."""
     frame = (
         window_sums_at(minutes, specs=specs, at=at)
         .pipe(with_window_sums, replaced=alert_sums)
         .pipe(alert_conditions, specs=specs)
         .collect()
     )
-    return conditions_from_rows(frame.rows(named=True), specs=specs)
+    absent = absent_conditions(_presence_by_instant(presence).get(at, []), specs=specs)
+    return conditions_from_rows(frame.rows(named=True), specs=specs) + absent
 
 
 @dataclass(frozen=True)
@@ -249,12 +272,15 @@ def step(
     states: AlertStateStore,
     notifier: Notifier | None = None,
     alert_sums: pl.LazyFrame | None = None,
+    presence: pl.LazyFrame | None = None,
 ) -> Evaluation:
     """One scheduled evaluation: conditions at `at`, state changes recorded in `states`,
     then `notifier` told. A failed notification is reported in the result, not raised: the
     evaluation and its history stand, and the next evaluation runs as usual."""
     at_minute = evaluation_minute(at)
-    conditions = evaluate_at(minutes, specs=specs, at=at_minute, alert_sums=alert_sums)
+    conditions = evaluate_at(
+        minutes, specs=specs, at=at_minute, alert_sums=alert_sums, presence=presence
+    )
     done = record_and_notify(conditions, states=states, notifier=notifier, at=at_minute)
     return Evaluation(at_minute, conditions, done.changes, done.firing, done.notification_error)
 
@@ -267,21 +293,26 @@ def replay(
     end: datetime,
     latest: Mapping[AlertKey, AlertChange] | None = None,
     alert_sums: pl.LazyFrame | None = None,
+    presence: pl.LazyFrame | None = None,
 ) -> tuple[AlertChange, ...]:
     """Evaluate every minute from `start` to `end` in virtual time (one collect) and return
     the state changes in order: what the scheduled evaluation would have recorded.
-    `alert_sums` replaces the minute sums of the windows it holds (`with_window_sums`)."""
+    `alert_sums` replaces the minute sums of the windows it holds (`with_window_sums`);
+    `presence` adds absent-data alerts (`evaluate_at`)."""
     frame = (
         window_sums_every_minute(minutes, specs=specs, start=start, end=end)
         .pipe(with_window_sums, replaced=alert_sums)
         .pipe(alert_conditions, specs=specs)
         .collect()
     )
+    present = _presence_by_instant(presence)
     state = dict(latest or {})
     changes: list[AlertChange] = []
     for (at,), group in frame.group_by("at", maintain_order=True):
         assert isinstance(at, datetime)
-        new = advance(state, conditions_from_rows(group.rows(named=True), specs=specs), at=at)
+        conditions = conditions_from_rows(group.rows(named=True), specs=specs)
+        conditions += absent_conditions(present.get(at, []), specs=specs)
+        new = advance(state, conditions, at=at)
         state = apply_changes(state, new)
         changes.extend(new)
     return tuple(changes)

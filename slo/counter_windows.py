@@ -124,7 +124,7 @@ def window_increases(
     average = sampled / (pl.col("last_index") - pl.col("first_index"))
     to_start = (pl.col("first_ts") - pl.col("start")).dt.total_milliseconds() / 1000.0
     to_end = (pl.col("at") - pl.col("last_ts")).dt.total_milliseconds() / 1000.0
-    to_zero = pl.col("sampled") * pl.col("first_value") / pl.col("result")
+    to_zero = pl.col("sampled") * (pl.col("first_value") / pl.col("result"))
     threshold = pl.col("average") * _EXTRAPOLATION_THRESHOLD
 
     def edge(gap: pl.Expr) -> pl.Expr:
@@ -191,9 +191,12 @@ def window_increases(
     )
 
 
-def present_at(samples: pl.LazyFrame, *, instants: Sequence[datetime]) -> pl.LazyFrame:
+def present_at(
+    samples: pl.LazyFrame, *, instants: Sequence[datetime], slos: Sequence[str] | None = None
+) -> pl.LazyFrame:
     """Per (at, slo): whether any of its total series has a sample in [at - lookback, at],
-    as `absent(total)` sees it (true: not absent)."""
+    as `absent(total)` sees it in Prometheus 2.x (true: not absent). `slos` lists the SLOs
+    to answer for (default: those with samples); one without samples is absent."""
     totals = (
         samples.filter(pl.col("role") == "total")
         .select("slo", pl.col("ts").cast(TIMESTAMP))
@@ -201,9 +204,13 @@ def present_at(samples: pl.LazyFrame, *, instants: Sequence[datetime]) -> pl.Laz
         .sort("ts")
     )
     at = pl.LazyFrame({"at": list(instants)}, schema={"at": TIMESTAMP})
-    slos = samples.select("slo").unique()
+    wanted = (
+        samples.select("slo").unique()
+        if slos is None
+        else pl.LazyFrame({"slo": list(slos)}, schema={"slo": pl.String()})
+    )
     return (
-        slos.join(at, how="cross")
+        wanted.join(at, how="cross")
         .sort("at")
         .join_asof(
             totals.rename({"ts": "seen_ts"}),

@@ -22,8 +22,12 @@ from servewatch.slo.alert_state import (
     advance,
     apply_changes,
 )
+from servewatch.slo.counter_windows import LOOKBACK_S
+from servewatch.slo.durations import format_duration
 
 ALERT_NAME = "SLOErrorBudgetBurn"
+# An SLO counted from metrics whose series stopped (slo/absent_alert.py), Pyrra's name for it.
+ABSENT_ALERT_NAME = "SLOMetricAbsent"
 # Fleet-health findings raised as tickets (slo/finding_alerts.py); their labels carry this name.
 FINDING_ALERT_NAME = "FleetHealthFinding"
 # Prometheus keeps a firing alert alive in Alertmanager by re-sending it with an end time
@@ -86,13 +90,17 @@ def record_and_notify(
 
 
 def alert_labels(change: AlertChange) -> dict[str, str]:
+    labels = dict(change.labels)
+    if labels.get("alertname") == ABSENT_ALERT_NAME:
+        # No windows: the condition is the absence of samples, as the generated rule's labels.
+        return {"slo": change.key.slo, "severity": change.key.severity.value, **labels}
     return {
         "alertname": ALERT_NAME,
         "slo": change.key.slo,
         "severity": change.key.severity.value,
         "window": change.key.window,
         "short_window": change.key.short_window,
-        **dict(change.labels),
+        **labels,
     }
 
 
@@ -113,9 +121,24 @@ def finding_annotations(change: AlertChange) -> dict[str, str]:
     return {"summary": summary}
 
 
+def absent_summary(slo: str, *, resolved: bool) -> str:
+    """The summary of an absent-data alert, the same words on both sides (the generated rule
+    carries the firing one)."""
+    if resolved:
+        return f"SLO {slo}: its series are back"
+    return (
+        f"SLO {slo}: none of its series has a sample in the last {format_duration(LOOKBACK_S)}; "
+        "its burn-rate alerts cannot fire without data"
+    )
+
+
 def alert_annotations(change: AlertChange) -> dict[str, str]:
-    if dict(change.labels).get("alertname") == FINDING_ALERT_NAME:
+    name = dict(change.labels).get("alertname")
+    if name == FINDING_ALERT_NAME:
         return finding_annotations(change)
+    if name == ABSENT_ALERT_NAME:
+        resolved = change.state is AlertState.RESOLVED
+        return {"summary": absent_summary(change.key.slo, resolved=resolved)}
     key = change.key
     consumed = (
         "n/a" if change.budget_consumed_ratio is None else f"{change.budget_consumed_ratio:.1%}"

@@ -1,7 +1,8 @@
 """Prometheus rules equivalent to servewatch's own evaluation, for fleets whose Prometheus
 (or Thanos, Mimir) does the per-sample work: recording rules for each SLO's error ratio per
 window, computed from vLLM's histograms or counters, and alert rules with the same window
-pairs, thresholds, low-traffic guard and labels as `slo.alerting`.
+pairs, thresholds, low-traffic guard and labels as `slo.alerting`, and each SLO's absent-data
+alert (`slo.absent_alert`).
 
 Thresholds are written as `burn_threshold * (1 - objective)`, the float expression the
 evaluator compares against, so both sides agree exactly at the boundary. SLOs that vLLM's
@@ -18,10 +19,11 @@ from typing import Any
 
 import yaml
 
+from servewatch.slo.absent_alert import absent_for_s, absent_key
 from servewatch.slo.alerting import alert_labels_of
 from servewatch.slo.buckets import HISTOGRAMS, le_label
 from servewatch.slo.durations import format_duration
-from servewatch.slo.notification import ALERT_NAME
+from servewatch.slo.notification import ABSENT_ALERT_NAME, ALERT_NAME, absent_summary
 from servewatch.slo.spec import AvailabilitySli, LatencySli, SliSource, SloSpec
 
 # Spec scope keys -> the Prometheus labels that carry them on vLLM's series. `model_name` is
@@ -135,6 +137,36 @@ def _service_queries(spec: SloSpec) -> tuple[str, str]:
     return ratio, f"sum(increase({total}[{{w}}]))"
 
 
+def _total_series(spec: SloSpec, *, prefix: str, scope_labels: Mapping[str, str]) -> str | None:
+    """The selector of the series counting all of the SLO's events, for its absent alert."""
+    scope, problem = _selectors(spec, scope_labels)
+    if problem is not None or spec.sli.source is not SliSource.METRICS:
+        return None
+    if isinstance(spec.sli, LatencySli):
+        return f"{prefix}{HISTOGRAMS[spec.sli.metric]}_count{_matchers(scope)}"
+    if isinstance(spec.sli, AvailabilitySli):
+        return f"{prefix}request_success_total{_matchers(scope)}"
+    return None
+
+
+def _absent_rule(spec: SloSpec, total: str) -> dict[str, Any]:
+    """Pyrra's `absent(total) == 1`, summed first so that the alert carries the SLO's labels
+    and no others, as servewatch's own absent alert does."""
+    rule: dict[str, Any] = {"alert": ABSENT_ALERT_NAME, "expr": f"absent(sum({total})) == 1"}
+    if (for_s := absent_for_s(spec)) > 0:
+        rule["for"] = format_duration(for_s)
+    rule["labels"] = {
+        "slo": spec.name,
+        "severity": absent_key(spec).severity.value,
+        **dict(alert_labels_of(spec)),
+    }
+    rule["annotations"] = {
+        "summary": absent_summary(spec.name, resolved=False),
+        "runbook": RUNBOOK,
+    }
+    return rule
+
+
 def _record_labels(spec: SloSpec) -> dict[str, str]:
     return {"slo": spec.name, **dict(alert_labels_of(spec))}
 
@@ -212,10 +244,16 @@ def prometheus_rules(
     skipped: list[str] = []
     for spec in specs:
         queries, problem = _queries(spec, prefix=metric_prefix, scope_labels=scope_labels)
+        total = _total_series(spec, prefix=metric_prefix, scope_labels=scope_labels)
         if queries is None and service_counters:
             queries = _service_queries(spec)
+            # Absent while nothing serves the counters: the service stopped or is not scraped.
+            total = f"{SERVICE_EVENTS_COUNTER}{_matchers([('slo', spec.name)])}"
         if queries is None:
             skipped.append(problem or spec.name)
             continue
-        groups.append(_group(spec, *queries))
+        group = _group(spec, *queries)
+        if total is not None and spec.windows:
+            group["rules"].append(_absent_rule(spec, total))
+        groups.append(group)
     return RuleSet(tuple(groups), tuple(skipped))

@@ -130,6 +130,11 @@ class SloSpec:
     def period(self) -> str:
         return format_duration(self.period_s)
 
+    @property
+    def alert_labels(self) -> tuple[tuple[str, str], ...]:
+        """The labels its alerts carry besides their identity: its scope and its labels."""
+        return tuple(sorted((*self.scope, *self.labels)))
+
     def burn_threshold(self, window: BurnWindow) -> float:
         return window.burn_threshold(period_s=self.period_s)
 

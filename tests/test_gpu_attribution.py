@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -445,20 +446,9 @@ def test_the_reports_gpu_frame_folds_each_replicas_own_gpus_and_names_the_rest()
 
 
 @pytest.mark.slow
-def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
-    tmp_path: Path,
-) -> None:
-    """Single-GPU, tensor-parallel and MIG replicas run as pods, recorded in virtual time and
-    replayed: each replica's GPU power is its own GPUs' sum, none is unmatched."""
-    topology = TopologySpec(
-        zones=("zone-a",),
-        layout=(
-            HostSpec("zone-a", replica_gpus=(1, 1)),
-            HostSpec("zone-a", replica_gpus=(2,)),
-            HostSpec("zone-a", replica_gpus=(1, 1), mig_profile="1g.10gb"),
-        ),
-        namespace="serving",
-    )
+def _recorded_histograms(tmp_path: Path, topology: TopologySpec) -> dict[str, Any]:
+    """Two minutes of an emulated fleet of `topology`, recorded in virtual time, replayed into
+    a store: `sli --source histograms --by replica --json`'s histograms section."""
     config = FleetConfig(topology=topology)
     start_s = 1_790_000_000.0
     writer = FixtureWriter(
@@ -479,7 +469,25 @@ def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
         app, ["--db", str(db), "sli", "--source", "histograms", "--by", "replica", "--json"]
     )
     assert sli.exit_code == 0, sli.output
-    section = json.loads(sli.stdout)["histograms"]
+    section: dict[str, Any] = json.loads(sli.stdout)["histograms"]
+    return section
+
+
+def test_a_recorded_mixed_fleet_replays_with_every_gpu_under_its_own_replica(
+    tmp_path: Path,
+) -> None:
+    """Single-GPU, tensor-parallel and MIG replicas run as pods, recorded in virtual time and
+    replayed: each replica's GPU power is its own GPUs' sum, none is unmatched."""
+    topology = TopologySpec(
+        zones=("zone-a",),
+        layout=(
+            HostSpec("zone-a", replica_gpus=(1, 1)),
+            HostSpec("zone-a", replica_gpus=(2,)),
+            HostSpec("zone-a", replica_gpus=(1, 1), mig_profile="1g.10gb"),
+        ),
+        namespace="serving",
+    )
+    section = _recorded_histograms(tmp_path, topology)
     assert section["unmatched_gpus"] == []
     power = {g["replica"]: g["gpu_power_w"]["mean"] for g in section["groups"]}
     assert set(power) == {f"serving/vllm-{i}" for i in range(5)}
@@ -498,27 +506,7 @@ def test_a_recorded_fleet_without_pods_joins_gpus_by_the_targets_uuid_lists(
         zones=("zone-a",),
         layout=(HostSpec("zone-a", replica_gpus=(1, 1)), HostSpec("zone-a", replica_gpus=(2,))),
     )
-    config = FleetConfig(topology=topology)
-    start_s = 1_790_000_000.0
-    writer = FixtureWriter(
-        tmp_path / "rec",
-        config.placements(),
-        start_s=start_s,
-        scrape_interval_s=15.0,
-        engine=EngineSettings.from_engine(config.engine),
-        seed=1,
-    )
-    simulation = FleetSimulation(config, observer=writer, seed=1, start_s=start_s)
-    record_fixture(simulation, writer, end_s=start_s + 120)
-    db = tmp_path / "fleet.duckdb"
-    runner = CliRunner()
-    replayed = runner.invoke(app, ["--db", str(db), "replay", str(tmp_path / "rec")])
-    assert replayed.exit_code == 0, replayed.output
-    sli = runner.invoke(
-        app, ["--db", str(db), "sli", "--source", "histograms", "--by", "replica", "--json"]
-    )
-    assert sli.exit_code == 0, sli.output
-    section = json.loads(sli.stdout)["histograms"]
+    section = _recorded_histograms(tmp_path, topology)
     assert section["unmatched_gpus"] == []
     power = {g["replica"]: g["gpu_power_w"]["mean"] for g in section["groups"]}
     assert set(power) == {"vllm-0", "vllm-1", "vllm-2"}

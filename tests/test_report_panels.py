@@ -20,6 +20,7 @@ from servewatch.dashboards.load_balance import load_balance_chart
 from servewatch.dashboards.panel import epoch_ms_of
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.dashboards.request_phase import request_phase_chart
+from servewatch.dashboards.scheduler_state import scheduler_state_chart
 from servewatch.dashboards.scrape_health import scrape_health_chart, target_summary
 from servewatch.dashboards.token_throughput import COUNTER_SOURCE, token_throughput_chart
 from servewatch.pipeline.counter_spread import MAX_SPREAD_S, spread_counter_minutes
@@ -158,6 +159,23 @@ def test_queue_and_prefill_get_their_own_scales_beside_decode() -> None:
     assert {r["mean_s"] for r in view_rows(panels[2], spec)} == {15.0}
 
 
+def test_a_minute_holding_only_preemptions_is_no_zero_in_the_scheduler_lines() -> None:
+    frame = pl.DataFrame(
+        {
+            "minute_ts": [T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)],
+            "replica": ["vllm-0"] * 3,
+            "running_requests": [4.0, None, 4.0],
+            "waiting_requests": [1.0, None, 1.0],
+            "preemptions": [None, 3.0, None],
+        }
+    )
+    spec = scheduler_state_chart(frame).to_dict()
+    lines, bars = spec["vconcat"]
+    running = {r["ts"]: r["requests"] for r in view_rows(lines, spec) if r["state"] == "running"}
+    assert running == {epoch_ms_of(T0): 4.0, epoch_ms_of(T0 + timedelta(minutes=2)): 4.0}
+    assert sum(r["preemptions"] for r in view_rows(bars, spec)) == 3.0
+
+
 # -- findings: summary, action and evidence printed in full --------------------------------------
 
 
@@ -289,7 +307,7 @@ def test_the_report_draws_gpu_panels_and_lists_unmatched_gpus() -> None:
         limits=GoodputLimits(),
     )
     slugs = [c.slug for c in report.charts]
-    assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched"]
+    assert slugs == ["gpu-health", "gpu-replicas", "gpu-unmatched", "seven-boxes"]
 
 
 # -- scrape health: failed scrapes and unreachable targets ---------------------------------------
@@ -338,6 +356,24 @@ def test_scrape_health_counts_failures_and_names_the_unreachable_first() -> None
         "4 of 12 scrapes failed; 2 of 3 targets failed at least once, 1 unreachable"
         in (spec["title"]["subtitle"][0])
     )
+
+
+def test_replayed_scrapes_without_durations_print_a_dash() -> None:
+    frame = scrapes_frame([("vllm-2", 0, False, "connection refused")]).with_columns(
+        duration_s=pl.lit(None, pl.Float64)
+    )
+    spec = scrape_health_chart(frame).to_dict()
+    _, table = spec["vconcat"]
+    printed = sorted(
+        (r["row"], r["x"], r["text"]) for layer in table["layer"] for r in view_rows(layer, spec)
+    )
+    assert [text for row, _, text in printed if row == 1] == [
+        "vllm-2",
+        "1 of 1",
+        "failed: unreachable",
+        "-",
+        "connection refused",
+    ]
 
 
 # -- latency heatmaps: the histogram's own resolution --------------------------------------------

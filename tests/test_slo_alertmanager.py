@@ -22,9 +22,10 @@ import pytest
 from servewatch.slo.alert_state import AlertChange, AlertKey, AlertState, InMemoryAlertStateStore
 from servewatch.slo.alerting import step
 from servewatch.slo.alertmanager import AlertmanagerNotifier, WebhookNotifier
+from servewatch.slo.counter_windows import SAMPLES_COLUMNS, present_at
 from servewatch.slo.notification import NotificationError, webhook_message
-from servewatch.slo.spec import AvailabilitySli, SloSpec
-from servewatch.slo.windows import BurnWindow, Severity
+from servewatch.slo.spec import AvailabilitySli, SliSource, SloSpec
+from servewatch.slo.windows import BurnWindow, Severity, default_burn_windows
 from tests.conftest import free_port, require_program
 
 AT = datetime(2026, 11, 18, 12, 0)
@@ -302,3 +303,52 @@ def test_real_alertmanager_fires_lists_and_resolves_our_alert(alertmanager: Aler
     firing = alertmanager.received[0]["alerts"][0]
     assert firing["labels"]["slo"] == "chat"
     assert firing["annotations"]["summary"].startswith("SLO chat: error budget burning 83.3x")
+
+
+@pytest.mark.slow
+def test_real_alertmanager_expires_an_alert_whose_evaluations_stop(
+    alertmanager: Alertmanager,
+) -> None:
+    # An absent-data alert (a 99.99 % SLO's has no `for`) fires once and is never re-sent, as
+    # when servewatch stops: Alertmanager resolves it by itself at its endsAt and tells the
+    # receiver, though servewatch never sent a resolution.
+    spec = SloSpec(
+        "chat",
+        AvailabilitySli(SliSource.METRICS),
+        0.9999,
+        30 * 86400,
+        default_burn_windows(),
+    )
+    wall = datetime.now(UTC).replace(tzinfo=None)
+    at = wall.replace(second=0, microsecond=0)
+    minutes = pl.LazyFrame(
+        {"minute_ts": [at - timedelta(minutes=1)], "slo": ["chat"], "good": [0], "total": [0]}
+    )
+    nothing = pl.LazyFrame(schema=dict.fromkeys(SAMPLES_COLUMNS, pl.String())).with_columns(
+        pl.col("ts").cast(pl.Datetime("us")), pl.col("value").cast(pl.Float64())
+    )
+    presence = present_at(nothing, instants=[at], slos=["chat"])
+    # Valid until three seconds from now; the evaluation instant is the minute's start.
+    valid_for_s = (wall - at).total_seconds() + 3
+    with httpx.Client(timeout=5) as client:
+        notifier = AlertmanagerNotifier(client, url=alertmanager.url, valid_for_s=valid_for_s)
+        fired = step(
+            minutes,
+            specs=[spec],
+            at=at,
+            states=InMemoryAlertStateStore(),
+            notifier=notifier,
+            presence=presence,
+        )
+        assert [(c.key.slo, c.state) for c in fired.changes] == [("chat", AlertState.FIRING)]
+        (listed,) = notifier.alerts()
+        assert listed.labels == {"alertname": "SLOMetricAbsent", "slo": "chat", "severity": "page"}
+        assert listed.ends_at.startswith((at + timedelta(seconds=valid_for_s)).isoformat()[:19])
+        poll(lambda: notifier.alerts() == [], deadline_s=15, what="the alert to expire")
+
+    def told() -> list[str]:
+        return [message["status"] for message in alertmanager.received]
+
+    poll(lambda: told() == ["firing", "resolved"], deadline_s=10, what="both notifications")
+    resolved = alertmanager.received[1]["alerts"][0]
+    assert resolved["labels"]["alertname"] == "SLOMetricAbsent"

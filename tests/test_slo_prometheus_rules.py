@@ -19,7 +19,7 @@ from servewatch.slo.alert_state import AlertState
 from servewatch.slo.alerting import replay
 from servewatch.slo.buckets import LatencyMetric
 from servewatch.slo.imports import load_slo_file
-from servewatch.slo.notification import alert_labels
+from servewatch.slo.notification import ABSENT_ALERT_NAME, ALERT_NAME, alert_labels
 from servewatch.slo.prometheus_rules import prometheus_rules
 from servewatch.slo.spec import AvailabilitySli, GoodputSli, LatencySli, SliSource, SloSpec
 from servewatch.slo.spec_file import load_spec_file
@@ -208,7 +208,7 @@ def test_rules_for_a_histogram_slo() -> None:
     ratio = records["slo:sli_error:ratio_rate2h"]
     assert 'vllm_e2e_request_latency_seconds_bucket{le="10.0",model_name="m"}[2h]' in ratio["expr"]
     assert ratio["labels"] == {"slo": "e2e", "model": "m", "team": "a"}
-    (alert,) = (r for r in group["rules"] if "alert" in r)
+    (alert,) = (r for r in group["rules"] if r.get("alert") == ALERT_NAME)
     assert alert["for"] == "30m"
     assert "(2.8 * (1 - 0.99))" in alert["expr"]
     assert 'slo:sli_events:increase2h{slo="e2e"} >= 20' in alert["expr"]
@@ -218,6 +218,13 @@ def test_rules_for_a_histogram_slo() -> None:
         "window": "1d",
         "short_window": "2h",
     }
+    # Pyrra's absent alert: 2.8 x 1 % of 1d is 2419 s, plus the 30m `for`, to the minute.
+    (absent,) = (r for r in group["rules"] if r.get("alert") == ABSENT_ALERT_NAME)
+    assert (
+        absent["expr"] == 'absent(sum(vllm_e2e_request_latency_seconds_count{model_name="m"})) == 1'
+    )
+    assert absent["for"] == "70m"
+    assert absent["labels"] == {"slo": "e2e", "severity": "page", "model": "m", "team": "a"}
 
 
 @pytest.mark.parametrize(
@@ -255,7 +262,8 @@ def test_thresholds_in_rules_are_the_floats_the_evaluator_compares() -> None:
     spec = SloSpec(
         "a", AvailabilitySli(SliSource.METRICS), 0.999, 30 * 86400, default_burn_windows()
     )
-    alerts = [r for r in prometheus_rules([spec]).groups[0]["rules"] if "alert" in r]
+    rules = prometheus_rules([spec]).groups[0]["rules"]
+    alerts = [r for r in rules if r.get("alert") == ALERT_NAME]
     for window, alert in zip(spec.windows, alerts, strict=True):
         literal = re.search(r"> \(([\d.e-]+) \* \(1 - ([\d.]+)\)\)", alert["expr"])
         assert literal is not None

@@ -62,23 +62,18 @@ class Target:
     timeout_s: float | None = None  # None: the configured scrape timeout
 
 
-KNOWN_LABELS = frozenset(
-    {
-        "kind",
-        "replica",
-        "host",
-        "zone",
-        "model",
-        "pool",
-        "gpus",
-        "gpu_uuids",
-        "pod",
-        "namespace",
-        "__scheme__",
-        "__metrics_path__",
-        "__scrape_interval__",
-        "__scrape_timeout__",
-    }
+# What a target says of itself: its config fields and file_sd labels alike.
+TARGET_FIELDS = (
+    "kind",
+    "replica",
+    "host",
+    "zone",
+    "model",
+    "pool",
+    "gpus",
+    "gpu_uuids",
+    "pod",
+    "namespace",
 )
 
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
