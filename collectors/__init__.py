@@ -10,7 +10,7 @@ from servewatch.collectors.fixture.replay import replay_fixture
 from servewatch.collectors.metrics.ingest import ingest_pages
 from servewatch.collectors.scrape.loop import ScrapeLoop
 from servewatch.collectors.scrape.targets import Target, TargetKind
-from servewatch.collectors.service_api import fetch_window
+from servewatch.collectors.service_api import fetch_document, fetch_window
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
 from servewatch.collectors.traces.ingest import ingest_trace_files
@@ -23,6 +23,7 @@ __all__ = [
     "StoreWriter",
     "Target",
     "TargetKind",
+    "fetch_document",
     "fetch_window",
     "ingest_pages",
     "ingest_trace_files",

@@ -58,6 +58,13 @@ class JobSettings:
 
 
 @dataclass(frozen=True)
+class ApiSettings:
+    """The `run` service's page, API and /metrics: with a token, 401 without it (not /healthz)."""
+
+    bearer_token: str | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path | None
     store_path: Path = Path("servewatch.duckdb")
@@ -67,6 +74,7 @@ class Config:
     otlp: ReceiverConfig = field(default_factory=ReceiverConfig)
     slo: SloSettings = field(default_factory=SloSettings)
     jobs: JobSettings = field(default_factory=JobSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
 
 
 class _Section(Fields):
@@ -99,8 +107,8 @@ _TOKEN68 = re.compile(r"([A-Za-z0-9._~+/-]*)=*")
 
 
 def _bearer_token(section: _Section) -> str | None:
-    """The OTLP bearer token, refused unless every exporter can send it in a header; the error
-    says where the token goes wrong, never what it is."""
+    """A bearer token (OTLP's, the API's), refused unless every client can send it in a
+    header; the error says where the token goes wrong, never what it is."""
     token = section.text("bearer_token")
     if token is None:
         return None
@@ -265,6 +273,9 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         recommend_at_utc=recommend_at,
     )
     jobs_section.done()
+    api_section = root.table("api")
+    api = ApiSettings(bearer_token=_bearer_token(api_section))
+    api_section.done()
     root.done()
     return Config(
         source=source,
@@ -275,6 +286,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         otlp=otlp,
         slo=slo,
         jobs=jobs,
+        api=api,
     )
 
 

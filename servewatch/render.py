@@ -14,9 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from servewatch.health.finding import Finding
-from servewatch.slo.absent_alert import is_absent_alert
+from servewatch.slo.absent_alert import ABSENT_WINDOW_S
 from servewatch.slo.alert_state import AlertChange
-from servewatch.slo.status import SloStatus
+from servewatch.slo.durations import format_duration
+
+# How an absent-data alert's window reads in an alert's JSON (both windows are it).
+ABSENT_WINDOW = format_duration(ABSENT_WINDOW_S)
 
 # Messages are never wrapped by width (a terminal wraps them, a log keeps them whole), and no
 # text is read as markup: paths, config sections such as [slo] and errors are shown as they are.
@@ -251,20 +254,22 @@ def change_json(change: AlertChange) -> dict[str, Any]:
     }
 
 
-def alerts_table(changes: Sequence[AlertChange]) -> Table:
+def alerts_table(changes: Sequence[dict[str, Any]]) -> Table:
+    """The alert history from its JSON (`change_json`), as read or as the service answers it."""
     table = Table(title="Alert state history")
     for header in ("changed (UTC)", "SLO", "severity", "windows", "state", "burn long/short"):
         table.add_column(header)
     for change in changes:
         table.add_row(
-            change.changed_ts.isoformat(timespec="minutes"),
-            change.key.slo,
-            change.key.severity.value,
-            f"absent {change.key.window}"
-            if is_absent_alert(change.key)
-            else f"{change.key.window}/{change.key.short_window}",
-            change.state.value,
-            f"{_fmt(change.long_burn_rate, digits=2)} / {_fmt(change.short_burn_rate, digits=2)}",
+            str(change["changed"]).removesuffix("Z")[:16],
+            change["slo"],
+            change["severity"],
+            f"absent {change['window']}"
+            if change["window"] == change["short_window"] == ABSENT_WINDOW
+            else f"{change['window']}/{change['short_window']}",
+            change["state"],
+            f"{_fmt(change['long_burn_rate'], digits=2)} / "
+            f"{_fmt(change['short_burn_rate'], digits=2)}",
         )
     if not changes:
         table.caption = "no alert has changed state yet"
@@ -272,9 +277,11 @@ def alerts_table(changes: Sequence[AlertChange]) -> Table:
 
 
 def slo_status_table(
-    statuses: Sequence[SloStatus], *, at: datetime, caption: str | None = None
+    statuses: Sequence[dict[str, Any]], *, at: str, caption: str | None = None
 ) -> Table:
-    table = Table(title=f"SLO status at {at.isoformat(timespec='minutes')} UTC", caption=caption)
+    """SLO statuses from their JSON (`SloStatus.to_json`), as evaluated here or by the service;
+    `at` as the document gives it."""
+    table = Table(title=f"SLO status at {at.removesuffix('Z')[:16]} UTC", caption=caption)
     for header in (
         "SLO",
         "objective",
@@ -288,27 +295,26 @@ def slo_status_table(
     ):
         table.add_column(header, justify="left" if header == "SLO" else "right")
     for status in statuses:
-        firing = [a for a in status.alerts if a.state == "firing"]
-        exhaustion = status.time_to_exhaustion_s
+        firing = [a for a in status["alerts"] if a["state"] == "firing"]
+        exhaustion = status["time_to_exhaustion_s"]
+        remaining = status["budget_remaining_ratio"]
         table.add_row(
-            status.slo,
-            f"{status.objective_ratio:.4%}",
-            status.period,
-            f"{status.good:,}/{status.total:,}"
-            + (" tokens" if status.events == "output tokens" else ""),
-            _fmt(status.error_ratio, digits=5),
+            status["slo"],
+            f"{status['objective_ratio']:.4%}",
+            status["period"],
+            f"{status['good']:,}/{status['total']:,}"
+            + (" tokens" if status.get("events") == "output tokens" else ""),
+            _fmt(status["error_ratio"], digits=5),
+            "no data" if remaining is None else _fmt(remaining, scale=100.0),
+            _fmt(status["current_burn_rate"], digits=2),
             "no data"
-            if status.budget_remaining_ratio is None
-            else _fmt(status.budget_remaining_ratio, scale=100.0),
-            _fmt(status.current_burn_rate, digits=2),
-            "no data"
-            if status.budget_remaining_ratio is None
+            if remaining is None
             else "exhausted"
-            if status.budget_remaining_ratio <= 0
+            if remaining <= 0
             else "-"
             if exhaustion is None
             else f"{exhaustion / 3600:,.1f} h",
-            ", ".join(f"{a.severity} {a.window}" for a in firing) or "-",
+            ", ".join(f"{a['severity']} {a['window']}" for a in firing) or "-",
         )
     return table
 

@@ -19,36 +19,45 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
 
 import httpx
 import polars as pl
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from servewatch.api_routes import ApiRoutes
 from servewatch.capacity.parallel import process_map
 from servewatch.capacity.requirement import load_requirement
 from servewatch.collectors.metrics.ingest import MetricIngestReport
 from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
 from servewatch.collectors.scrape.targets import Target
-from servewatch.collectors.service_api import WINDOW_PATH
-from servewatch.collectors.store_writer import NotCommittedError, StoreWriter, TraceCommit
+from servewatch.collectors.store_writer import StoreWriter, TraceCommit
 from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
 from servewatch.collectors.traces.ingest import Reject
 from servewatch.collectors.traces.receiver import OtlpHttpReceiver
 from servewatch.collectors.traces.span_identity import TargetDirectory
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.dashboards.export import write_report
+from servewatch.fleet_gauges import (
+    EventCounters,
+    FleetGaugeCollector,
+    FleetGaugeSnapshot,
+    SloGauges,
+    findings_active,
+    pool_gauges,
+    slo_gauges,
+)
 from servewatch.health_service import evaluate_findings
+from servewatch.live_page import BuiltPage, LivePage, build_page, page_key
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
-from servewatch.pipeline.window import WINDOW_MEDIA_TYPE, WindowQuery, window_to_bytes
+from servewatch.pipeline.window import WindowQuery, window_to_bytes
 from servewatch.recommend_service import recommend_from_store
 from servewatch.report_service import store_report
 from servewatch.scraping import (
@@ -58,14 +67,17 @@ from servewatch.scraping import (
     page_of,
     scheduled_targets,
 )
+from servewatch.service_http import ServiceApi, serve_health
+from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
+from servewatch.slo.finding_alerts import FindingEvaluation
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import evaluate, load_specs
+from servewatch.slo.status import slo_status
+from servewatch.slo_service import evaluate, load_specs, slo_minutes_at
 from servewatch.store import (
     IN_MEMORY,
     Holder,
     Store,
-    StoreError,
     remove_holder,
     roll_up_request_minutes,
     utc_now,
@@ -78,6 +90,8 @@ SCRAPE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 TARGETS_EVERY_S = 30.0
 # A window of a day of a big fleet is read in seconds; beyond this the API answers 503.
 WINDOW_TIMEOUT_S = 120.0
+
+__all__ = ["SelfMetrics", "Service", "serve_health"]
 
 
 class SelfMetrics:
@@ -238,6 +252,11 @@ class Service:
         self.scheduler = BackgroundScheduler(job_defaults=JOB_DEFAULTS, timezone="UTC")
         self.http_client = httpx.Client(timeout=10)
         self._health_server: ThreadingHTTPServer | None = None
+        self.fleet_gauges = FleetGaugeCollector()
+        self.metrics.registry.register(self.fleet_gauges)
+        self.event_counters = EventCounters()
+        self.page = LivePage(self._build_page)
+        self.routes = ApiRoutes(call=self._read_store, specs=lambda: self.state.specs)
 
     def _targets(self) -> TargetDirectory:
         return self.target_directory
@@ -303,8 +322,45 @@ class Service:
             findings = evaluate_findings(store, at=at, notifier=notifier)
             if findings.notification_error:
                 log.error("finding alert notification failed: %s", findings.notification_error)
+            # The page first: a failure computing the gauges leaves it knowing the store moved.
+            self.page.moved(page_key(store))
+            self.fleet_gauges.update(
+                self._gauge_snapshot(store, specs=specs, at=at, findings=findings)
+            )
 
         self.writer.submit_task(run)
+
+    def _gauge_snapshot(
+        self,
+        store: Store,
+        *,
+        specs: tuple[SloSpec, ...],
+        at: datetime,
+        findings: FindingEvaluation,
+    ) -> FleetGaugeSnapshot:
+        """The figures `/metrics` serves until the next evaluation (see fleet_gauges)."""
+        slos: tuple[SloGauges, ...] = ()
+        if specs:
+            minutes = slo_minutes_at(store, specs=specs, at=at).collect()
+            history = changes_from_frame(store.read_alert_changes().collect())
+            statuses = slo_status(minutes.lazy(), specs=specs, at=at, history=history)
+            counted = self.event_counters.add(minutes, specs=specs, at=at)
+            slos = slo_gauges(statuses, counted)
+        return FleetGaugeSnapshot(
+            at=at,
+            slos=slos,
+            pools=pool_gauges(store, at=at),
+            findings_active=findings_active(findings),
+        )
+
+    def _read_store(self, task: Callable[[Store], Any]) -> Any:
+        """`task` run on the writer's thread between writes: how the API reads the store."""
+        return self.writer.call(task, timeout_s=WINDOW_TIMEOUT_S)
+
+    def _build_page(self, key: Hashable) -> BuiltPage:
+        specs = self.state.specs
+        page: BuiltPage = self._read_store(lambda store: build_page(store, key=key, specs=specs))
+        return page
 
     def reload_config(self) -> None:
         try:
@@ -400,19 +456,31 @@ class Service:
                 minute=int(minute),
             )
         self.scheduler.start()
-        self._health_server = serve_health(
-            self.metrics, self.target_health, port=health_port, read_window=self.read_window
+        api = ServiceApi(
+            read_window=self.read_window, answer=self.routes.answer, page=self.page.page
         )
-        port = self._health_server.server_address[1]
+        self._health_server = serve_health(
+            self.metrics,
+            self.target_health,
+            port=health_port,
+            api=api,
+            bearer_token=self.state.config.api.bearer_token,
+        )
         if self.store.path != IN_MEMORY:
             # Readers of the store find the service, and where it answers, by this note.
-            holder = Holder(os.getpid(), "servewatch run", api_url=f"http://127.0.0.1:{port}")
+            holder = Holder(os.getpid(), "servewatch run", api_url=self.api_url)
             write_holder(self.store.path, holder)
+
+    @property
+    def api_url(self) -> str | None:
+        """Where the page, the API and /metrics answer, once started."""
+        if self._health_server is None:
+            return None
+        return f"http://127.0.0.1:{self._health_server.server_address[1]}"
 
     def read_window(self, query: WindowQuery) -> bytes:
         """A store window for the local API, read on the writer's thread between writes."""
-        window = self.writer.call(lambda store: store.read_query(query), timeout_s=WINDOW_TIMEOUT_S)
-        return window_to_bytes(window)
+        return window_to_bytes(self._read_store(lambda store: store.read_query(query)))
 
     def stop(self) -> None:
         """Finish the running jobs, flush every pending write, close everything."""
@@ -438,65 +506,3 @@ class Service:
             stop.wait()
         finally:
             self.stop()
-
-
-def serve_health(
-    metrics: SelfMetrics,
-    health: TargetHealth,
-    *,
-    port: int,
-    read_window: Callable[[WindowQuery], bytes] | None = None,
-) -> ThreadingHTTPServer:
-    """/metrics (the self-metrics) and /healthz on 127.0.0.1: 200 "ok", 200 "degraded: ..."
-    while some targets are failing, 503 "no target answered: ..." while all are. With
-    `read_window`, also the local API's `/api/v1/window` (a store window, for readers of the
-    store while the service holds it)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status = 200
-            url = urlsplit(self.path)
-            if url.path == WINDOW_PATH and read_window is not None:
-                self._window(read_window, dict(parse_qsl(url.query, keep_blank_values=True)))
-                return
-            if self.path == "/healthz":
-                answer = health.answer()
-                status = 200 if answer.ok else 503
-                body, content_type = f"{answer.text}\n".encode(), "text/plain; charset=utf-8"
-            elif self.path == "/metrics":
-                body, content_type = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
-            else:
-                self.send_error(404)
-                return
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _window(self, read: Callable[[WindowQuery], bytes], params: dict[str, str]) -> None:
-            try:
-                query = WindowQuery.from_params(params)
-            except ValueError as exc:
-                self._answer(400, f"{WINDOW_PATH}: {exc}\n".encode(), "text/plain; charset=utf-8")
-                return
-            try:
-                body = read(query)
-            except (StoreError, TimeoutError, NotCommittedError) as exc:
-                self._answer(503, f"{WINDOW_PATH}: {exc}\n".encode(), "text/plain; charset=utf-8")
-                return
-            self._answer(200, body, WINDOW_MEDIA_TYPE)
-
-        def _answer(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server

@@ -6,7 +6,9 @@ alert (`slo.absent_alert`).
 
 Thresholds are written as `burn_threshold * (1 - objective)`, the float expression the
 evaluator compares against, so both sides agree exactly at the boundary. SLOs that vLLM's
-metrics cannot express (counted from traces, goodput, per tenant) are skipped with the reason.
+metrics cannot express (counted from traces, goodput, per tenant) are skipped with the reason,
+or, with `service_counters`, read from the good and total event counters `servewatch run`
+serves for every SLO on its /metrics (docs/live.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ DEFAULT_SCOPE_LABELS: Mapping[str, str] = {
 ERROR_RATIO_RECORD = "slo:sli_error:ratio_rate"
 EVENTS_RECORD = "slo:sli_events:increase"
 GROUP_INTERVAL = "1m"
+# The counters `servewatch run` serves per SLO (servewatch.fleet_gauges), label slo.
+SERVICE_GOOD_COUNTER = "servewatch_slo_good_events_total"
+SERVICE_EVENTS_COUNTER = "servewatch_slo_events_total"
+RUNBOOK = (
+    "Which replica: servewatch sli --by replica --window 5m; which failure mode: servewatch "
+    "health; how much budget is left: servewatch slo status (docs/slo.md)."
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,15 @@ def _queries(
     return None, f"{spec.name}: goodput needs per-request traces; vLLM's metrics cannot count it"
 
 
+def _service_queries(spec: SloSpec) -> tuple[str, str]:
+    """The error ratio and event count from the service's counters of this SLO."""
+    selector = _matchers([("slo", spec.name)])
+    good = f"{SERVICE_GOOD_COUNTER}{selector}"
+    total = f"{SERVICE_EVENTS_COUNTER}{selector}"
+    ratio = f"1 - (\n  sum(rate({good}[{{w}}]))\n  /\n  sum(rate({total}[{{w}}]))\n)"
+    return ratio, f"sum(increase({total}[{{w}}]))"
+
+
 def _total_series(spec: SloSpec, *, prefix: str, scope_labels: Mapping[str, str]) -> str | None:
     """The selector of the series counting all of the SLO's events, for its absent alert."""
     scope, problem = _selectors(spec, scope_labels)
@@ -142,7 +160,10 @@ def _absent_rule(spec: SloSpec, total: str) -> dict[str, Any]:
         "severity": absent_key(spec).severity.value,
         **dict(alert_labels_of(spec)),
     }
-    rule["annotations"] = {"summary": absent_summary(spec.name, resolved=False)}
+    rule["annotations"] = {
+        "summary": absent_summary(spec.name, resolved=False),
+        "runbook": RUNBOOK,
+    }
     return rule
 
 
@@ -203,6 +224,7 @@ def _group(spec: SloSpec, ratio: str, events: str) -> dict[str, Any]:
                 f"{spec.burn_threshold(pair):.4g}x over {pair.long_window} and {pair.short_window}"
             ),
             "burn_threshold": f"{spec.burn_threshold(pair):.4g}",
+            "runbook": RUNBOOK,
         }
         rules.append(rule)
     return {"name": f"servewatch-slo-{spec.name}", "interval": GROUP_INTERVAL, "rules": rules}
@@ -213,18 +235,24 @@ def prometheus_rules(
     *,
     metric_prefix: str = "vllm:",
     scope_labels: Mapping[str, str] = DEFAULT_SCOPE_LABELS,
+    service_counters: bool = False,
 ) -> RuleSet:
     """One rule group per SLO: its recording rules first, so its alerts read this minute's
-    ratios (rules in a group run in order)."""
+    ratios (rules in a group run in order). With `service_counters`, an SLO vLLM's metrics
+    cannot express is read from `servewatch run`'s event counters instead of skipped."""
     groups: list[dict[str, Any]] = []
     skipped: list[str] = []
     for spec in specs:
         queries, problem = _queries(spec, prefix=metric_prefix, scope_labels=scope_labels)
+        total = _total_series(spec, prefix=metric_prefix, scope_labels=scope_labels)
+        if queries is None and service_counters:
+            queries = _service_queries(spec)
+            # Absent while nothing serves the counters: the service stopped or is not scraped.
+            total = f"{SERVICE_EVENTS_COUNTER}{_matchers([('slo', spec.name)])}"
         if queries is None:
             skipped.append(problem or spec.name)
             continue
         group = _group(spec, *queries)
-        total = _total_series(spec, prefix=metric_prefix, scope_labels=scope_labels)
         if total is not None and spec.windows:
             group["rules"].append(_absent_rule(spec, total))
         groups.append(group)

@@ -66,6 +66,7 @@ SURFACES: dict[str, list[str]] = {
         "StoreWriter",
         "Target",
         "TargetKind",
+        "fetch_document",
         "fetch_window",
         "ingest_pages",
         "ingest_trace_files",

@@ -3,8 +3,9 @@ helpers every command uses to open the store, read a window and fail with the ri
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -16,7 +17,13 @@ from typer.core import TyperGroup
 
 from servewatch import __version__
 from servewatch.collectors.metrics.ingest import MetricIngestReport
-from servewatch.collectors.service_api import ServiceApiError, fetch_window
+from servewatch.collectors.service_api import (
+    TOKEN_ENV,
+    Params,
+    ServiceApiError,
+    fetch_document,
+    fetch_window,
+)
 from servewatch.collectors.traces.ingest import IngestReport
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.pipeline.instants import parse_instant
@@ -26,6 +33,7 @@ from servewatch.render import (
     labelled,
 )
 from servewatch.store import (
+    Holder,
     SchemaTooNewError,
     Store,
     StoreBusyError,
@@ -222,30 +230,67 @@ def _damage_is_one_line(store: Store) -> Iterator[None]:
             raise fail(str(damaged)) from exc
 
 
+def _held_by(state: CliState, exc: StoreBusyError) -> Holder:
+    """The service holding the store, once the user is told the answer comes from it; a
+    holder that serves no API (or left no note) ends the command with the refusal."""
+    holder = exc.holder
+    if holder is None or holder.api_url is None:
+        raise store_failure(exc) from exc
+    err_console.print(
+        labelled(
+            "note:",
+            f"{state.db} is held by `{holder.command}` (PID {holder.pid}): reading it "
+            f"through {holder.api_url}",
+        )
+    )
+    return holder
+
+
+def _api_token() -> str | None:
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def read_window(state: CliState, query: WindowQuery) -> Window:
     """The window of the store at --db, opened read-only; while a `servewatch run` holds the
     store, the same window read by it, through its local API."""
     try:
         store = Store.open(state.db, create=False, read_only=True)
     except StoreBusyError as exc:
-        holder = exc.holder
-        if holder is None or holder.api_url is None:
-            raise store_failure(exc) from exc
-        err_console.print(
-            labelled(
-                "note:",
-                f"{state.db} is held by `{holder.command}` (PID {holder.pid}): reading it "
-                f"through {holder.api_url}",
-            )
-        )
+        holder = _held_by(state, exc)
+        assert holder.api_url is not None
         try:
-            return fetch_window(holder.api_url, query)
+            return fetch_window(holder.api_url, query, token=_api_token())
         except ServiceApiError as api_exc:
             raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
     except StoreError as exc:
         raise store_failure(exc) from exc
     with _damage_is_one_line(store):
         return store.read_query(query)
+
+
+def read_answer(
+    state: CliState,
+    read: Callable[[Store], dict[str, Any]],
+    *,
+    path: str,
+    params: Params | None = None,
+) -> dict[str, Any]:
+    """A reading command's JSON document, computed by `read` on the store at --db opened
+    read-only; while a `servewatch run` holds the store, the same document answered by it at
+    `path` of its local API (`collectors.service_api`)."""
+    try:
+        store = Store.open(state.db, create=False, read_only=True)
+    except StoreBusyError as exc:
+        holder = _held_by(state, exc)
+        assert holder.api_url is not None
+        try:
+            return fetch_document(holder.api_url, path, params, token=_api_token())
+        except ServiceApiError as api_exc:
+            raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
+    except StoreError as exc:
+        raise store_failure(exc) from exc
+    with _damage_is_one_line(store):
+        return read(store)
 
 
 def instant(value: str | None, option: str) -> datetime | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import polars as pl
 import typer
 from rich.markdown import Markdown
 
+from servewatch.answers import NoRecommendationError, recommendation_answer
 from servewatch.capacity.decision_record import drill_section_json
 from servewatch.capacity.drill import DrillSpec
 from servewatch.capacity.parallel import process_map
@@ -28,8 +29,10 @@ from servewatch.cli.app import (
     fail,
     instant,
     open_store,
+    read_answer,
     write_file,
 )
+from servewatch.collectors.service_api import RECOMMENDATION_PATH
 from servewatch.drill_service import (
     DrillSetupError,
     StepSettings,
@@ -51,6 +54,7 @@ from servewatch.render import (
     print_json,
 )
 from servewatch.store import (
+    Store,
     roll_up_request_minutes,
     utc_now,
 )
@@ -140,17 +144,25 @@ def size(
 def recommend(
     ctx: typer.Context,
     requirement: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             help="Requirement TOML: SLO (TTFT/TPOT limits and target ratio, or a latency "
-            "limit), demand, failure unit, costs."
+            "limit), demand, failure unit, costs. Required unless --last."
         ),
-    ],
+    ] = None,
     from_: FromOption = None,
     to: ToOption = None,
     out: Annotated[
         Path | None, typer.Option(help="Also write the decision record as Markdown here.")
     ] = None,
+    last: Annotated[
+        bool,
+        typer.Option(
+            "--last",
+            help="Print the last stored recommendation instead of making one (read-only; "
+            "answered by `servewatch run` while it holds the store).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """The fleet size for the requirement, from what the fleet did: per-replica capacity refit
@@ -159,6 +171,11 @@ def recommend(
     actually sit, the cost of the reserve, and the riskiest assumption with a plan to measure
     it."""
     state = ctx.ensure_object(CliState)
+    if last:
+        _print_last_recommendation(state, as_json=as_json)
+        return
+    if requirement is None:
+        raise fail("--requirement FILE is required (or --last)", code=EXIT_BAD_INPUT)
     try:
         spec = load_requirement(requirement)
     except RequirementError as exc:
@@ -190,6 +207,23 @@ def recommend(
         print_json(document)
     else:
         out_console.print(Markdown(markdown))
+
+
+def _print_last_recommendation(state: CliState, *, as_json: bool) -> None:
+    def read(store: Store) -> dict[str, Any]:
+        try:
+            return recommendation_answer(store)
+        except NoRecommendationError as exc:
+            raise fail(str(exc)) from exc
+
+    document = read_answer(state, read, path=RECOMMENDATION_PATH)
+    if as_json:
+        print_json(document)
+        return
+    out_console.print(
+        f"{document.get('name')} ({document.get('created_at')}): {document.get('verdict')}",
+        highlight=False,
+    )
 
 
 @app.command()

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from servewatch.answers import health_answer
 from servewatch.cli.app import (
     EXIT_BAD_INPUT,
     CliState,
@@ -20,7 +21,6 @@ from servewatch.cli.app import (
 )
 from servewatch.health_service import (
     DEFAULT_VERSION_LABEL,
-    finding_json,
     health_findings,
     health_window,
 )
@@ -61,22 +61,19 @@ def health(
         )
     stored = read_window(state, WindowQuery(from_ts, to_ts))
     try:
-        window = health_window(stored)
-        findings = health_findings(
-            stored, version_label=version_label, zone_loss_in_scope=zone_loss
-        )
+        if as_json:
+            document, examined = health_answer(
+                stored, version_label=version_label, zone_loss_in_scope=zone_loss
+            )
+            print_json(document)
+        else:
+            window = health_window(stored)
+            examined = window is not None
+            findings = health_findings(
+                stored, version_label=version_label, zone_loss_in_scope=zone_loss
+            )
+            out_console.print(health_table(findings, start=window[0] if window else None))
     except ValueError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
-    if as_json:
-        print_json(
-            {
-                "from": format_instant(window[0]) if window else None,
-                "to": format_instant(window[1]) if window else None,
-                "version_label": version_label,
-                "findings": [finding_json(f) for f in findings],
-            }
-        )
-    else:
-        out_console.print(health_table(findings, start=window[0] if window else None))
-    if window is None:
+    if not examined:
         err_console.print(f"nothing stored in {state.db} to examine: scrape or replay first")

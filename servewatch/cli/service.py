@@ -37,7 +37,11 @@ def run(
         Path, typer.Option("--config", help="servewatch.toml: targets, OTLP listener, SLOs.")
     ] = Path("servewatch.toml"),
     health_port: Annotated[
-        int, typer.Option(help="Port on 127.0.0.1 for the service's /metrics and /healthz.")
+        int,
+        typer.Option(
+            help="Port on 127.0.0.1 for the service's live page (/), API (/api/v1/), /metrics "
+            "and /healthz."
+        ),
     ] = 9464,
 ) -> None:
     """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
@@ -45,7 +49,10 @@ def run(
     SIGTERM or Ctrl-C finishes the running jobs, writes what is pending and exits 0. A config
     file that turns invalid while running is reported and the last good one stays in use. A
     target failing scrape.failing_after scrapes in a row is warned about on stderr; /healthz
-    says degraded while some targets fail and answers 503 while all do.
+    says degraded while some targets fail and answers 503 while all do. The live report page
+    is served at /, the reading commands' answers under /api/v1/ (sli, slo, alerts, health,
+    recommendation), and SLO, capacity and finding gauges on /metrics; an [api] bearer_token
+    guards all of them (not /healthz).
     """
     state = ctx.ensure_object(CliState)
     try:
@@ -64,7 +71,7 @@ def run(
     otlp = service.receiver.endpoint + (f" and gRPC {grpc.endpoint}" if grpc else "")
     err_console.print(
         f"servewatch run: store {service.store.path}, OTLP {otlp}, "
-        f"health http://127.0.0.1:{health_port}/healthz"
+        f"live page http://127.0.0.1:{health_port}/ (API /api/v1/, /metrics, /healthz)"
     )
     try:
         service.run_until(stop, health_port=health_port)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from servewatch.answers import sli_answer
 from servewatch.cli.app import (
     EXIT_BAD_INPUT,
     CliState,
@@ -20,7 +21,7 @@ from servewatch.cli.app import (
 )
 from servewatch.pipeline.instants import format_instant, parse_duration
 from servewatch.pipeline.request_sli import GoodputLimits
-from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report, points_window
+from servewatch.pipeline.sli_report import Grouping, SliSource, points_window
 from servewatch.pipeline.window import WindowQuery
 from servewatch.render import (
     err_console,
@@ -105,7 +106,7 @@ def sli(
         except ValueError as exc:
             raise fail(f"--window: {exc}", code=EXIT_BAD_INPUT) from exc
     window_read = read_window(state, WindowQuery(from_ts, to_ts, **points_window(step)))
-    report = build_sli_report(
+    report = sli_answer(
         window_read, limits=limits, by=by, step=step, source=source, families=metric or ()
     )
     if as_json:

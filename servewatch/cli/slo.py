@@ -8,6 +8,7 @@ from typing import Annotated
 import httpx
 import typer
 
+from servewatch.answers import alerts_answer, described, slo_answer
 from servewatch.cli.app import (
     DEFAULT_DB,
     EXIT_BAD_INPUT,
@@ -20,9 +21,11 @@ from servewatch.cli.app import (
     instant,
     load_config_or_fail,
     open_store,
+    read_answer,
     slo_app,
     write_file,
 )
+from servewatch.collectors.service_api import ALERTS_PATH, SLO_PATH
 from servewatch.pipeline.instants import format_instant
 from servewatch.render import (
     alerts_table,
@@ -33,18 +36,11 @@ from servewatch.render import (
     print_json,
     slo_status_table,
 )
-from servewatch.slo.alert_state import AlertState, changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
 from servewatch.slo.fields import SpecError
 from servewatch.slo.prometheus_rules import prometheus_rules
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import (
-    SloSetupError,
-    evaluate,
-    evaluation_instant,
-    load_specs,
-    status_at,
-)
+from servewatch.slo_service import SloSetupError, evaluate, load_specs
 from servewatch.store import (
     utc_now,
 )
@@ -84,20 +80,21 @@ def slo_status_command(
     says "no data". The output names the instant evaluated and why."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
-    requested = instant(at, "--at")
-    with open_store(state, read_only=True) as store:
-        moment = evaluation_instant(store, specs=specs, at=requested, now=utc_now())
-        statuses = status_at(store, specs=specs, at=moment.at)
+    moment = instant(at, "--at")
+    # While `run` holds the store it answers for the SLOs of its own configuration, by name.
+    asked = {"slo": [s.name for s in specs], **({} if at is None else {"at": at})}
+    document = read_answer(
+        state,
+        lambda store: slo_answer(store, specs=specs, at=moment),
+        path=SLO_PATH,
+        params=asked,
+    )
     if as_json:
-        print_json(
-            {
-                "at": format_instant(moment.at),
-                "evaluated": moment.to_json(),
-                "slos": [s.to_json() for s in statuses],
-            }
-        )
+        print_json(document)
         return
-    out_console.print(slo_status_table(statuses, at=moment.at, caption=moment.describe()))
+    out_console.print(
+        slo_status_table(document["slos"], at=document["at"], caption=described(document))
+    )
 
 
 @slo_app.command("rules")
@@ -108,13 +105,21 @@ def slo_rules_command(
     out: Annotated[Path, typer.Option(help="Where to write the Prometheus rule file.")] = Path(
         "rules.yml"
     ),
+    service_counters: Annotated[
+        bool,
+        typer.Option(
+            help="Rules for SLOs vLLM's metrics cannot express (traced, goodput) over the "
+            "event counters `servewatch run` serves; --no-service-counters skips them.",
+        ),
+    ] = True,
     as_json: JsonOption = False,
 ) -> None:
     """Write Prometheus recording and alerting rules equivalent to servewatch's evaluation
-    (error ratios per window from vLLM's histograms and counters; promtool-valid)."""
+    (error ratios per window from vLLM's histograms and counters, or from `servewatch run`'s
+    event counters for traced SLOs; promtool-valid)."""
     state = ctx.ensure_object(CliState)
     specs = _slo_specs(state, slo, config)
-    rules = prometheus_rules(specs)
+    rules = prometheus_rules(specs, service_counters=service_counters)
     write_file(out, rules.to_yaml(), what="the rule file")
     if as_json:
         print_json({"out": str(out), "skipped": list(rules.skipped)})
@@ -178,25 +183,15 @@ def alerts(
     an instant, and which alerts were firing then. The output names the instant and why."""
     state = ctx.ensure_object(CliState)
     requested = instant(at, "--at")
-    with open_store(state, read_only=True) as store:
-        moment = evaluation_instant(store, specs=(), at=requested, now=utc_now())
-        recorded = changes_from_frame(store.read_alert_changes().collect())
-    changes = sorted(
-        (c for c in recorded if c.changed_ts <= moment.at),
-        key=lambda c: (c.changed_ts, c.key.sort_key()),
+    document = read_answer(
+        state,
+        lambda store: alerts_answer(store, at=requested),
+        path=ALERTS_PATH,
+        params={} if at is None else {"at": at},
     )
-    latest = {c.key: c for c in changes}
-    firing = [c for c in latest.values() if c.state is AlertState.FIRING]
     if as_json:
-        print_json(
-            {
-                "at": format_instant(moment.at),
-                "evaluated": moment.to_json(),
-                "alerts": [change_json(c) for c in changes],
-                "firing": [change_json(c) for c in sorted(firing, key=lambda c: c.key.sort_key())],
-            }
-        )
+        print_json(document)
         return
-    table = alerts_table(changes)
-    table.caption = f"{len(firing)} firing; history {moment.describe()}"
+    table = alerts_table(document["alerts"])
+    table.caption = f"{len(document['firing'])} firing; history {described(document)}"
     out_console.print(table)

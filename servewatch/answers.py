@@ -1,0 +1,129 @@
+"""Answers: the JSON documents the reading commands print with `--json` and the `run` service's
+API answers, each built by one function from the store, so the two cannot drift apart.
+
+`servewatch slo status --json` and `GET /api/v1/slo` are the same document (evaluated at the
+same instant: `--at`, else the end of the data), as are `alerts` and `/api/v1/alerts`, and
+`recommend --last` and `/api/v1/recommendation`. `sli` and `health` compute theirs from a store
+window (`sli_answer`, `health_answer`), which a reading command reads from the store or, while
+the service holds it, from the service's `/api/v1/window`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from servewatch.health_service import finding_json, health_findings, health_window
+from servewatch.pipeline.instants import format_instant, parse_instant
+from servewatch.pipeline.request_sli import GoodputLimits
+from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report
+from servewatch.pipeline.window import Window
+from servewatch.render import change_json
+from servewatch.slo.alert_state import AlertState, changes_from_frame
+from servewatch.slo.spec import SloSpec
+from servewatch.slo_service import EvaluationInstant, InstantBasis, evaluation_instant, status_at
+from servewatch.store import Store, utc_now
+
+
+class NoRecommendationError(LookupError):
+    """The store holds no recommendation yet."""
+
+
+def slo_answer(
+    store: Store, *, specs: Sequence[SloSpec], at: datetime | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """`slo status --json`: every SLO's budget, burn rates and alert state at `at` (None: the
+    end of the data the SLOs read), and which instant was evaluated and why."""
+    moment = evaluation_instant(store, specs=specs, at=at, now=now or utc_now())
+    statuses = status_at(store, specs=specs, at=moment.at)
+    return {
+        "at": format_instant(moment.at),
+        "evaluated": moment.to_json(),
+        "slos": [s.to_json() for s in statuses],
+    }
+
+
+def alerts_answer(
+    store: Store, *, at: datetime | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """`alerts --json`: the alert state history up to `at` (None: the end of the stored data)
+    and the alerts firing then."""
+    moment = evaluation_instant(store, specs=(), at=at, now=now or utc_now())
+    recorded = changes_from_frame(store.read_alert_changes().collect())
+    changes = sorted(
+        (c for c in recorded if c.changed_ts <= moment.at),
+        key=lambda c: (c.changed_ts, c.key.sort_key()),
+    )
+    latest = {c.key: c for c in changes}
+    firing = [c for c in latest.values() if c.state is AlertState.FIRING]
+    return {
+        "at": format_instant(moment.at),
+        "evaluated": moment.to_json(),
+        "alerts": [change_json(c) for c in changes],
+        "firing": [change_json(c) for c in sorted(firing, key=lambda c: c.key.sort_key())],
+    }
+
+
+def described(document: dict[str, Any]) -> str:
+    """The sentence naming the instant an answer's `evaluated` part was evaluated at."""
+    evaluated = document["evaluated"]
+
+    def moment(text: str | None) -> datetime | None:
+        return None if text is None else parse_instant(text)
+
+    at = moment(evaluated["at"])
+    assert at is not None
+    return EvaluationInstant(
+        at=at,
+        basis=InstantBasis(evaluated["basis"]),
+        requested=moment(evaluated["requested"]),
+        data_end=moment(evaluated["data_end"]),
+    ).describe()
+
+
+def recommendation_answer(store: Store) -> dict[str, Any]:
+    """`recommend --last --json`: the decision record of the last stored recommendation, as
+    `recommend --json` printed it."""
+    last = store.read_recommendations().collect().tail(1)
+    if last.height == 0:
+        raise NoRecommendationError(
+            "no recommendation stored yet: `servewatch recommend --requirement FILE` or the "
+            "service's [jobs] requirement makes one"
+        )
+    document: dict[str, Any] = json.loads(last.item(0, "record"))
+    return document
+
+
+def sli_answer(
+    window: Window,
+    *,
+    limits: GoodputLimits,
+    by: Grouping,
+    step: timedelta | None,
+    source: SliSource,
+    families: Sequence[str],
+) -> dict[str, Any]:
+    """`sli --json` of a window."""
+    return build_sli_report(
+        window, limits=limits, by=by, step=step, source=source, families=tuple(families)
+    )
+
+
+def health_answer(
+    window: Window, *, version_label: str, zone_loss_in_scope: bool
+) -> tuple[dict[str, Any], bool]:
+    """`health --json` of a window, and whether the window held anything to examine.
+    ValueError: the window or the version label cannot be examined."""
+    bounds = health_window(window)
+    findings = health_findings(
+        window, version_label=version_label, zone_loss_in_scope=zone_loss_in_scope
+    )
+    document = {
+        "from": format_instant(bounds[0]) if bounds else None,
+        "to": format_instant(bounds[1]) if bounds else None,
+        "version_label": version_label,
+        "findings": [finding_json(f) for f in findings],
+    }
+    return document, bounds is not None
