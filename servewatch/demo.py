@@ -96,8 +96,11 @@ def demo_fleet(*, hours: float, rate_rps: float) -> FleetConfig:
     """The demo fleet: 12 replicas of a large-model profile (slow steps, at most 20 running)
     on 3 hosts of 4 in 2 uneven zones, each replica good for about 0.75 req/s at the SLO, so
     the afternoon peak runs the fleet at about half its capacity and three quarters of it after
-    the host loss; the slowed replica pushes TPOT past its limit, which the goodput SLO pages
-    on."""
+    the host loss; the slowed replica pushes TPOT past its limit. One replica in twelve is a
+    small share of the fleet's requests (and least-loaded routing sends it fewer), so the
+    7-day goodput SLO burns at about 2.5x at most: a 12 h run fires its slowest ticket
+    (1008 min at burn 1), a 24 h run's longer day dilutes it below every threshold, as a
+    budget that lasts the period should."""
     day_s = hours * 3600
     failures = (
         FailureSpec(FailureKind.HOST_LOSS, at_s=day_s * 0.60, target=LOST_HOST, duration_s=3600),
