@@ -328,9 +328,10 @@ def _epoch_s(moment: datetime) -> float:
     return to_milliseconds(moment.replace(tzinfo=UTC).timestamp()) / 1000
 
 
-def _millisecond(moment: datetime) -> datetime:
-    """`moment` at the nearest whole millisecond, as `promql.to_milliseconds` rounds."""
-    return _instant(_epoch_s(moment))
+def _millisecond(moment: datetime, *, up: bool) -> datetime:
+    """`moment` at a whole millisecond: the next one (`up`) or the one before."""
+    whole = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+    return whole + timedelta(milliseconds=1) if up and whole < moment else whole
 
 
 def _instant(epoch_s: float) -> datetime:
@@ -419,7 +420,10 @@ def histogram_section(
         return None
     # PromQL evaluates at whole milliseconds (Prometheus' timestamps), and so do the increase
     # frames: edges finer than that would key the window's rows apart from its lookups.
-    start, end = _millisecond(from_ts or span.first), _millisecond(to_ts or span.last)
+    # Inward, so that the window never reaches past what was read: samples are whole
+    # milliseconds, so this keeps every one the edges held.
+    start = _millisecond(from_ts or span.first, up=True)
+    end = _millisecond(to_ts or span.last, up=False)
     if end <= start or span.last < start or span.first > end:
         return None
     # Range selectors include both edges; points_between excludes its upper bound.

@@ -254,30 +254,32 @@ def test_histogram_slis_per_group_match_promql_by_hand(scraped: Path, by: Groupi
     check_block(section["overall"], oracle, set(REPLICAS), start, end)
 
 
-def test_window_edges_finer_than_a_millisecond_are_evaluated_at_the_nearest_one(
+def test_window_edges_finer_than_a_millisecond_are_evaluated_at_whole_ones_inside(
     scraped: Path,
 ) -> None:
-    """PromQL evaluates at whole milliseconds; an edge with microseconds must still key every
-    group's and the fleet's rows (they once came back empty)."""
+    """PromQL evaluates at whole milliseconds. An edge with microseconds is taken inward to
+    one (never past what the window read), and every group's and the fleet's rows stay keyed
+    (they once came back empty, or asked for points the window had not read)."""
     start, end = T0 + timedelta(seconds=5), T0 + timedelta(seconds=115)
-    fine = timedelta(microseconds=123_456 - 123_000)
+    fine = timedelta(milliseconds=123, microseconds=600)
+    ms = timedelta(milliseconds=1)
     with Store.open(scraped) as store:
         sections = [
             build_sli_report(
-                store.read_window(from_ts=start + shift, to_ts=end + shift),
+                store.read_window(from_ts=start + shift_from, to_ts=end + shift_to),
                 limits=LIMITS,
                 by=Grouping.REPLICA,
                 source=SliSource.HISTOGRAMS,
             )["histograms"]
-            for shift in (timedelta(milliseconds=123), timedelta(milliseconds=123) + fine)
+            for shift_from, shift_to in ((124 * ms, 123 * ms), (fine, fine))
         ]
     assert sections[0]["groups"]
     assert sections[0]["overall"]["ttft_s"]["p95"] is not None
     # Equal up to the order in which Polars happens to add floats.
-    coarse, fine_ = (dict(flat(section)) for section in sections)
-    assert coarse.keys() == fine_.keys()
-    for path, value in coarse.items():
-        assert fine_[path] == (pytest.approx(value) if isinstance(value, float) else value), path
+    whole, finer = (dict(flat(section)) for section in sections)
+    assert whole.keys() == finer.keys()
+    for path, value in whole.items():
+        assert finer[path] == (pytest.approx(value) if isinstance(value, float) else value), path
 
 
 def test_consecutive_windows_each_evaluated_at_their_end(scraped: Path) -> None:
