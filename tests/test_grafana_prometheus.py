@@ -11,27 +11,32 @@ instants hold the same values:
 
 - gauges (time-averaged over the interval, as the panels draw them) over a window of still
   pages only: both scrapers' samples in it are equal;
-- counters and histograms over the fleet's whole life, ending once every target has gone:
-  both see each counter rise from zero to the same last value, and PromQL's extrapolation
-  (which servewatch's `increase` repeats) differs between them by a small part of one scrape
-  interval over the whole life.
+- counters and histograms over the fleet's whole life, ending once every target has gone,
+  read by servewatch from the samples Prometheus holds (`servewatch import prometheus`, raw):
+  two scrapers' own samples differ in their first and last instants by up to a scrape
+  interval, which moves PromQL's extrapolation by 2-4 % over a life this short.
 
 Each query runs with the variables substituted (pool `chat`, the fleet's model, every replica)
 at the window's end with `$__rate_interval` and `$__range` the window; servewatch's figure is
-its library's over the store `run` wrote (`pipeline.sli_report.histogram_section` and the
+its library's over the store `run` wrote, or the imported one for counters
+(`pipeline.sli_report.histogram_section` and the
 `metric_sli` functions it is built from), for the same window and pool, per replica where the
-panel is per replica. The `servewatch_*` gauges are compared with `run`'s own /metrics; while
-`run` exposes none of them a check skips, naming the missing gauge.
+panel is per replica. The `servewatch_*` gauges are compared with `run`'s own /metrics, taken
+once `run` has evaluated its SLOs and pool gauges over the load (a stored decision record
+gives the pool its capacity) and between two equal pages, so no evaluation falls between the
+page and Prometheus' scrape of it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,7 +45,9 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
+from typer.testing import CliRunner
 
+from servewatch.cli import app
 from servewatch.dashboards.grafana import build_grafana_dashboard, dashboard_panels
 from servewatch.dashboards.grafana_panel import PANELS, GrafanaPanel
 from servewatch.emulator.fleet_config import FleetConfig, PoolSpec, TopologySpec
@@ -55,6 +62,7 @@ from servewatch.pipeline.metric_sli import (
 )
 from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal
 from servewatch.pipeline.sli_report import Grouping, histogram_section
+from servewatch.pipeline.tables import RECOMMENDATIONS_SCHEMA
 from servewatch.pipeline.window import Window
 from servewatch.store import Store
 from tests.conftest import free_port
@@ -71,6 +79,23 @@ pytestmark = pytest.mark.slow
 
 NAMESPACE = "serving"
 POOL = "chat"
+SERVEWATCH_GAUGE_PREFIXES = ("servewatch_slo_", "servewatch_pool_", "servewatch_findings_")
+# A stored decision record's fields the pool gauges read (the rest of a record is not needed).
+RECORD = {
+    "name": POOL,
+    "created_at": "2026-12-01T06:00:00+00:00",
+    "verdict": "4 replicas hold the SLO after losing one.",
+    "recommendation": {"hosts": 2, "replicas": 4},
+    "capacity_fit": {"pool": POOL},
+    "capacity_by_pool": [
+        {
+            "pool": POOL,
+            "capacity_low_rps": 1.5,
+            "capacity_rps_per_replica": 2.0,
+            "capacity_high_rps": 2.5,
+        }
+    ],
+}
 LOADED_S = 16.0
 # Still pages scraped this long before the gauge window ends: long enough that `run`, whose
 # scrapes lag Prometheus' on a loaded machine, holds each counter's last value too (with 5 s,
@@ -117,7 +142,8 @@ class Recording:
     counters: Span
     servewatch_metrics: str  # run's /metrics, as Prometheus last scraped it
     servewatch_answers: dict[str, list[dict[str, Any]]]
-    store_path: Path
+    store_path: Path  # what run scraped
+    imported_path: Path  # `servewatch import prometheus` of the counters' window
 
 
 def _naive(epoch_s: float) -> datetime:
@@ -217,6 +243,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
         e for p, e in queries if not _gauge_window(p, e) and not _servewatch_query(p, e)
     ]
     servewatch_queries = [e for p, e in queries if _servewatch_query(p, e)]
+    _store_recommendation(tmp_path / "fleet.duckdb")
     run = subprocess.Popen(
         [*SERVEWATCH_RUN, "--config", str(config), "--health-port", str(run_port)],
         stdout=subprocess.DEVNULL,
@@ -254,6 +281,16 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
                     oldest = min((float(r["value"][1]) for r in stamps), default=0.0)
                     return time.time() if oldest > frozen_s + STILL_S else None
 
+                # run evaluates its SLOs and fleet gauges every minute: hold the still pages
+                # until it has, over the load, and take its gauges as Prometheus scraped them.
+                poll(
+                    "run to evaluate the fleet's gauges",
+                    lambda: _evaluated(metrics_url),
+                    deadline_s=90,
+                )
+                page, servewatch_answers = _stable_gauges(
+                    client, metrics_url, servewatch_queries, from_s=started_s - 2.0
+                )
                 # Whole seconds: servewatch's window ends are epoch floats it keys rows by.
                 gauges_to_s = math.floor(poll("still pages to be scraped", still_scraped))
                 gauges_from_s = math.ceil(frozen_s + 0.01)
@@ -276,16 +313,86 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
                 counters_to_s,
                 _answers(client, counter_queries, from_s=counters_from_s, to_s=counters_to_s),
             )
-            # run's gauges, as Prometheus scraped them, against its page of the same moment
-            page = httpx.get(metrics_url, timeout=5).text
-            servewatch_answers = _answers(
-                client, servewatch_queries, from_s=counters_from_s, to_s=math.floor(time.time())
-            )
+            imported = tmp_path / "imported.duckdb"
+            _import(str(client.base_url), imported, from_s=counters_from_s, to_s=counters_to_s)
     finally:
         run.send_signal(signal.SIGTERM)
         _, stderr = run.communicate(timeout=60)
     assert run.returncode == 0, stderr
-    return Recording(gauges, counters, page, servewatch_answers, tmp_path / "fleet.duckdb")
+    return Recording(
+        gauges, counters, page, servewatch_answers, tmp_path / "fleet.duckdb", imported
+    )
+
+
+def _import(url: str, db: Path, *, from_s: float, to_s: float) -> None:
+    """Prometheus' raw samples of the window, as `servewatch import prometheus` stores them."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "--db",
+            str(db),
+            "import",
+            "prometheus",
+            url,
+            "--from",
+            str(from_s - 5),
+            "--to",
+            str(to_s + 1),
+            "--step",
+            "1s",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+
+
+def _store_recommendation(path: Path) -> None:
+    """The decision record the pool gauges scale (what run's daily job would have stored)."""
+    with Store.open(path) as store:
+        store.write_recommendation(
+            pl.DataFrame(
+                [(datetime(2026, 12, 1, 6), POOL, RECORD["verdict"], json.dumps(RECORD))],
+                schema=RECOMMENDATIONS_SCHEMA,
+                orient="row",
+            )
+        )
+
+
+def _evaluated(metrics_url: str) -> bool | None:
+    """True once run's page holds every SLO's events and the pool's gauges: an evaluation
+    after the load."""
+    page = httpx.get(metrics_url, timeout=5).text
+    events = _page_samples(page, "servewatch_slo_events_total")
+    attained = _page_samples(page, "servewatch_slo_attainment_ratio")
+    pooled = _page_samples(page, "servewatch_pool_queue_depth")
+    return True if any(events.values()) and attained and pooled else None
+
+
+def _stable_gauges(
+    client: httpx.Client, metrics_url: str, queries: list[str], *, from_s: float
+) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """run's page and Prometheus' answers about it, taken between two equal pages (no
+    evaluation in between), after Prometheus has scraped run at least once since the first."""
+    for _ in range(5):
+        before = _servewatch_lines(httpx.get(metrics_url, timeout=5).text)
+        poll("Prometheus to scrape run again", _scraped_since(client, time.time()))
+        # At this instant, after the scrape: the answer is that scrape's sample or a later one.
+        answers = _answers(client, queries, from_s=from_s, to_s=time.time())
+        after = httpx.get(metrics_url, timeout=5).text
+        if _servewatch_lines(after) == before:
+            return after, answers
+    pytest.fail("run's gauges kept changing between two of Prometheus' scrapes")
+
+
+def _scraped_since(client: httpx.Client, since_s: float) -> Callable[[], bool | None]:
+    def check() -> bool | None:
+        stamps = instant_query(client, 'timestamp(up{job="servewatch"})')
+        return True if any(float(r["value"][1]) > since_s for r in stamps) else None
+
+    return check
+
+
+def _servewatch_lines(page: str) -> list[str]:
+    return [line for line in page.splitlines() if line.startswith(SERVEWATCH_GAUGE_PREFIXES)]
 
 
 # -- which window a query is checked over ------------------------------------------------------
@@ -525,7 +632,7 @@ def servewatch_gauge_check(recording: Recording, panel: GrafanaPanel, expr: str)
     names = [names[0], *(f"servewatch_slo_{n}" for n in names[1:])]
     for name in names:
         if not _page_samples(recording.servewatch_metrics, name):
-            pytest.skip(f"servewatch run's /metrics has no {name} yet")
+            pytest.fail(f"servewatch run's /metrics has no {name}")
     answer = recording.servewatch_answers[expr]
     dropped = {"job", "instance"}
     if len(names) == 1 and "rate(" not in expr:
@@ -591,9 +698,14 @@ def test_the_panel_query_returns_what_servewatch_reports(
     if _servewatch_query(panel, expr):
         servewatch_gauge_check(recording, panel, expr)
         return
-    span = recording.gauges if _gauge_window(panel, expr) else recording.counters
+    gauge = _gauge_window(panel, expr)
+    span = recording.gauges if gauge else recording.counters
     figure = _figure(panel, expr)
-    with Store.open(recording.store_path, read_only=True) as store:
+    # Counters over a live fleet's short life: each scraper's increase() extrapolates from its
+    # own first and last samples, which differ by up to a scrape interval (2-4 % of this life),
+    # so they are read from the same samples Prometheus holds, imported raw.
+    path = recording.store_path if gauge else recording.imported_path
+    with Store.open(path, read_only=True) as store:
         ours = servewatch_figure(figure, span.servewatch(store))
     theirs = prometheus_figure(span.answers[expr], figure)
     assert_agree(
