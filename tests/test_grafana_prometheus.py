@@ -229,7 +229,9 @@ def _answers(
     }
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: the shuffled CI pass interleaves this module's tests with others', and a
+# module-scoped fixture would be built again at every return to the module.
+@pytest.fixture(scope="session")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     tmp_path = tmp_path_factory.mktemp("grafana")
     pools = {p.replica: p.pool for p in FLEET.placements()}

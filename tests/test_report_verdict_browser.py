@@ -55,7 +55,9 @@ NOT_SHOWN_JS = (
 )
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: the shuffled CI pass interleaves this module's tests with others', and a
+# module-scoped fixture would be built again at every return to the module.
+@pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo")
     # Half the demo's day: its regression lasts a tenth of the run, and the 7-day goodput SLO's
