@@ -159,25 +159,31 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
     chromium = require_program("chromium")
     devtools = DevTools(chromium, tmp_path / "profile")
     try:
-        targets = devtools.call("Target.getTargets", browser=True)["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        attached = devtools.call(
-            "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, browser=True
-        )
-        devtools.session = attached["sessionId"]
-        for domain in ("Runtime", "Log", "Page", "Network"):
-            devtools.call(f"{domain}.enable")
-        devtools.call(
-            "Network.emulateNetworkConditions",
-            {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
-        )
-        devtools.call(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": WIDTH_PX, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-        )
+        attach_offline_page(devtools, width_px=WIDTH_PX)
         yield devtools
     finally:
         devtools.close()
+
+
+def attach_offline_page(devtools: DevTools, *, width_px: int) -> None:
+    """Attach to the browser's page, enable the domains the tests read, cut the network off
+    (nothing may be fetched) and size the viewport."""
+    targets = devtools.call("Target.getTargets", browser=True)["targetInfos"]
+    page = next(t for t in targets if t["type"] == "page")
+    attached = devtools.call(
+        "Target.attachToTarget", {"targetId": page["targetId"], "flatten": True}, browser=True
+    )
+    devtools.session = attached["sessionId"]
+    for domain in ("Runtime", "Log", "Page", "Network"):
+        devtools.call(f"{domain}.enable")
+    devtools.call(
+        "Network.emulateNetworkConditions",
+        {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+    )
+    devtools.call(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width_px, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+    )
 
 
 def open_report(browser: DevTools, html: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from servewatch.demo import REGRESSED_REPLICA, run_demo
 from tests.conftest import require_program
 from tests.test_dashboards_browser import (
     DevTools,
+    attach_offline_page,
     console_problems,
     fetched_urls,
     open_report,
@@ -72,22 +73,7 @@ def page(demo: dict[str, Any], tmp_path: Path) -> Iterator[DevTools]:
     chromium = require_program("chromium")
     devtools = DevTools(chromium, tmp_path / "profile")
     try:
-        targets = devtools.call("Target.getTargets", browser=True)["targetInfos"]
-        target = next(t for t in targets if t["type"] == "page")
-        attached = devtools.call(
-            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}, browser=True
-        )
-        devtools.session = attached["sessionId"]
-        for domain in ("Runtime", "Log", "Page", "Network"):
-            devtools.call(f"{domain}.enable")
-        devtools.call(
-            "Network.emulateNetworkConditions",
-            {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
-        )
-        devtools.call(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": 1100, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-        )
+        attach_offline_page(devtools, width_px=1100)
         charts = open_report(devtools, Path(demo["report"]))
         assert all(c["rendered"] == "true" for c in charts), charts
         yield devtools
