@@ -27,21 +27,9 @@ from servewatch.pipeline.counter_spread import MAX_SPREAD_S, spread_counter_minu
 from servewatch.pipeline.gpu_attribution import UNMATCHED_GPUS_SCHEMA, JoinRule
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.tables import SCRAPES_SCHEMA
+from tests.test_dashboards import datasets
 
 T0 = datetime(2026, 11, 18, 10)
-
-
-def datasets(spec: Any) -> Iterator[list[dict[str, Any]]]:
-    if isinstance(spec, dict):
-        yield from spec.get("datasets", {}).values()
-        data = spec.get("data")
-        if isinstance(data, dict) and "values" in data:
-            yield data["values"]
-        for value in spec.values():
-            yield from datasets(value)
-    elif isinstance(spec, list):
-        for item in spec:
-            yield from datasets(item)
 
 
 def all_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
