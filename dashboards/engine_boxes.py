@@ -33,6 +33,10 @@ KV_USAGE_DEGRADED_RATIO = 0.95
 REPLICA_KINDS = (
     FindingKind.SLOW_REPLICA,
     FindingKind.ROLLOUT_REGRESSION,
+    FindingKind.ERROR_BURST,
+    FindingKind.HOST_LOSS,
+    FindingKind.ZONE_LOSS,
+    FindingKind.STARTUP_DEPENDENCY,
     FindingKind.DEPENDENCY,
 )
 

@@ -39,7 +39,14 @@ KIND_COLORS = {
     FindingKind.AFFINITY_LOSS.value: "#17becf",
     FindingKind.TRAFFIC_STEP.value: "#ff7f0e",
     FindingKind.ROLLOUT_REGRESSION.value: "#8c564b",
-    FindingKind.DEPENDENCY.value: "#1f77b4",
+    FindingKind.ERROR_BURST.value: "#e377c2",
+    FindingKind.HOST_LOSS.value: "#1f77b4",
+    FindingKind.ZONE_LOSS.value: "#393b79",
+    FindingKind.STARTUP_DEPENDENCY.value: "#7f7f7f",
+    FindingKind.LOSS_OVERLOAD.value: "#bcbd22",
+    FindingKind.GATEWAY_REJECTION.value: "#2ca02c",
+    FindingKind.AUTOSCALER_LAG.value: "#ffbb78",
+    FindingKind.DEPENDENCY.value: "#aec7e8",
 }
 EVIDENCE_SHOWN = 6
 TABLE_LINE_PX = ROW_PX + 2

@@ -318,7 +318,7 @@ class DependencyReview:
         if unit is ScopeUnit.ZONE:
             where += f" ({row['hosts']} hosts)"
         return Finding(
-            kind=self.kind,
+            kind=FindingKind.ZONE_LOSS if unit is ScopeUnit.ZONE else FindingKind.HOST_LOSS,
             scope_unit=unit,
             scope=name,
             start=row["start_ts"],

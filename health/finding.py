@@ -12,15 +12,30 @@ from typing import Protocol
 
 import polars as pl
 
+from servewatch.pipeline.request_sli import GoodputLimits
+
+# The objective an error budget is counted against when no SLO names one.
+DEFAULT_OBJECTIVE_RATIO = 0.99
+
 
 class FindingKind(Enum):
-    """The failure modes the design seeds name, one detector each."""
+    """The failure modes the design seeds name, each named for what it is."""
 
     SLOW_REPLICA = "slow_replica"
     KV_PRESSURE = "kv_pressure"
     AFFINITY_LOSS = "affinity_loss"
     TRAFFIC_STEP = "traffic_step"
     ROLLOUT_REGRESSION = "rollout_regression"
+    ERROR_BURST = "error_burst"
+    HOST_LOSS = "host_loss"
+    ZONE_LOSS = "zone_loss"
+    # Replacements that cannot start (an artifact registry, an image pull, a licence server).
+    STARTUP_DEPENDENCY = "startup_dependency"
+    # Survivors of a loss serving more than they can: a consequence, never its own ticket.
+    LOSS_OVERLOAD = "loss_overload"
+    GATEWAY_REJECTION = "gateway_rejection"
+    AUTOSCALER_LAG = "autoscaler_lag"
+    # Configuration that leaves a failure domain unaccounted for (no host or zone, one zone).
     DEPENDENCY = "dependency"
 
 
@@ -60,6 +75,9 @@ class Finding:
     summary: str
     evidence: tuple[Evidence, ...] = ()
     suggestion: str = ""
+    # Findings this one caused (a rollout's slow replica, a step's KV pressure, a loss's
+    # affinity losses at recovery): one ticket for one cause, the rest its evidence.
+    consequences: tuple[Finding, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence <= 1.0:
@@ -92,6 +110,10 @@ class HealthInputs:
     scrapes: pl.LazyFrame
     version_label: str = "model"
     zone_loss_in_scope: bool = field(default=True)
+    # What a request must meet to count as good (the SLOs' goodput limits); a failed request
+    # is bad whatever the limits. Findings price their harm in requests that missed it.
+    limits: GoodputLimits = field(default_factory=GoodputLimits)
+    objective_ratio: float = DEFAULT_OBJECTIVE_RATIO
 
 
 class Detector(Protocol):

@@ -145,4 +145,5 @@ def finding_json(finding: Finding) -> dict[str, Any]:
             for e in finding.evidence
         ],
         "suggestion": finding.suggestion,
+        "consequences": [finding_json(c) for c in finding.consequences],
     }

@@ -122,7 +122,7 @@ def test_demo_records_replays_analyses_and_goes_live(runner: CliRunner, tmp_path
     assert "Capacity decision record" in (out / "decision.md").read_text(encoding="utf-8")
     # The injected host loss is named as a host loss, not as many replica faults.
     assert any(
-        f["kind"] == "dependency" and f["scope_unit"] == "host" and f["scope"] == "host-1"
+        f["kind"] == "host_loss" and f["scope_unit"] == "host" and f["scope"] == "host-1"
         for f in summary["health_findings"]
     ), summary["health_findings"]
     assert summary["live"]["scrapes"] > 0

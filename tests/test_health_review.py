@@ -151,9 +151,9 @@ def test_without_traces_the_histograms_find_the_same_version(rollout_db: Path) -
 
 def test_a_lost_host_is_one_host_finding_not_many_replica_faults(host_loss_db: Path) -> None:
     findings = _findings(host_loss_db)
-    dependency = _of(findings, FindingKind.DEPENDENCY)
-    assert [(f.scope_unit, f.scope) for f in dependency] == [(ScopeUnit.HOST, LOST_HOST)]
-    (finding,) = dependency
+    losses = _of(findings, FindingKind.HOST_LOSS)
+    assert [(f.scope_unit, f.scope) for f in losses] == [(ScopeUnit.HOST, LOST_HOST)]
+    (finding,) = losses
     lost_at = START + timedelta(seconds=HOST_LOST_AT_S)
     back_at = lost_at + timedelta(seconds=HOST_LOST_FOR_S)
     assert lost_at <= finding.start <= lost_at + timedelta(minutes=1)
@@ -165,9 +165,11 @@ def test_a_lost_host_is_one_host_finding_not_many_replica_faults(host_loss_db: P
 
 
 def test_a_lost_zone_is_one_zone_finding_not_one_per_host(zone_loss_db: Path) -> None:
-    dependency = _of(_findings(zone_loss_db), FindingKind.DEPENDENCY)
-    assert [(f.scope_unit, f.scope) for f in dependency] == [(ScopeUnit.ZONE, LOST_ZONE)]
-    (zone,) = dependency
+    findings = _findings(zone_loss_db)
+    assert _of(findings, FindingKind.HOST_LOSS) == []
+    losses = _of(findings, FindingKind.ZONE_LOSS)
+    assert [(f.scope_unit, f.scope) for f in losses] == [(ScopeUnit.ZONE, LOST_ZONE)]
+    (zone,) = losses
     lost_at = START + timedelta(seconds=HOST_LOST_AT_S)
     assert abs(zone.start - lost_at) <= timedelta(minutes=1)
     assert zone.end is not None
@@ -217,8 +219,9 @@ def test_health_json_lists_each_finding_with_its_evidence(
         "summary",
         "evidence",
         "suggestion",
+        "consequences",
     }
-    assert (host["kind"], host["scope"]) == ("dependency", LOST_HOST)
+    assert (host["kind"], host["scope"]) == ("host_loss", LOST_HOST)
     assert host["end"] is not None
     assert {"name": "targets", "value": 3.0, "unit": "count", "baseline": None} in host["evidence"]
     # A window that ends during the loss reports it as ongoing.
@@ -290,7 +293,7 @@ def test_a_finding_raises_a_ticket_alert_and_resolves_it(
         again = evaluate_findings(store, at=during + timedelta(minutes=1), notifier=notifier)
         resolved = evaluate_findings(store, at=after, notifier=notifier)
         history = changes_from_frame(store.read_alert_changes().collect())
-    name = f"health:dependency:host:{LOST_HOST}"
+    name = f"health:host_loss:host:{LOST_HOST}"
     assert [(c.key.slo, c.state.value) for c in fired.changes] == [(name, "firing")]
     assert fired.changes[0].key.severity.value == "ticket"
     assert again.changes == ()  # still firing: no new change, only the re-send
@@ -303,13 +306,13 @@ def test_a_finding_raises_a_ticket_alert_and_resolves_it(
         "severity": "ticket",
         "window": "1h",
         "short_window": "1m",
-        "kind": "dependency",
+        "kind": "host_loss",
         "scope_unit": "host",
         "scope": LOST_HOST,
     }
     annotations = first["annotations"]
     assert isinstance(annotations, dict)
-    assert "dependency on host host-1" in annotations["summary"]
+    assert "host_loss on host host-1" in annotations["summary"]
     assert len(recorder.bodies) == 3  # fired, re-sent while firing, resolved
 
 
@@ -333,5 +336,5 @@ def test_the_service_evaluation_job_raises_finding_tickets(
     finally:
         service.stop()
     assert [(c.key.slo, c.state.value) for c in changes] == [
-        (f"health:dependency:host:{LOST_HOST}", "firing")
+        (f"health:host_loss:host:{LOST_HOST}", "firing")
     ]
