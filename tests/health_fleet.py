@@ -43,13 +43,15 @@ def fleet_config(
     failures: tuple[FailureSpec, ...] = (),
     steps: tuple[RateStep, ...] = (),
     topology: TopologySpec = BASE_TOPOLOGY,
+    router: RouterPolicy = RouterPolicy.PREFIX_AFFINITY,
+    rate_rps: float = RATE_RPS,
 ) -> FleetConfig:
-    """The shared base fleet, with `failures` injected, the arrival rate stepped and the
-    replicas placed on `topology`."""
+    """The shared base fleet, with `failures` injected, the arrival rate stepped, the
+    replicas placed on `topology` behind `router`, at a base rate of `rate_rps`."""
     arrival = (
-        ArrivalSpec(kind=ArrivalKind.STEPS, rate_rps=RATE_RPS, steps=steps)
+        ArrivalSpec(kind=ArrivalKind.STEPS, rate_rps=rate_rps, steps=steps)
         if steps
-        else ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=RATE_RPS)
+        else ArrivalSpec(kind=ArrivalKind.POISSON, rate_rps=rate_rps)
     )
     # Long answers keep a few requests running on each replica at a modest request rate (the
     # emulator's cost grows with requests, not tokens), so a squeezed KV pool fills.
@@ -77,7 +79,7 @@ def fleet_config(
     return FleetConfig(
         topology=topology,
         engine=engine,
-        router=RouterSpec(policy=RouterPolicy.PREFIX_AFFINITY),
+        router=RouterSpec(policy=router),
         workload=workload,
         failures=failures,
     )
