@@ -112,13 +112,17 @@ def sli_answer(
 
 
 def health_answer(
-    window: Window, *, version_label: str, zone_loss_in_scope: bool
+    window: Window,
+    *,
+    version_label: str,
+    zone_loss_in_scope: bool,
+    specs: Sequence[SloSpec] = (),
 ) -> tuple[dict[str, Any], bool]:
     """`health --json` of a window, and whether the window held anything to examine.
     ValueError: the window or the version label cannot be examined."""
     bounds = health_window(window)
     findings = health_findings(
-        window, version_label=version_label, zone_loss_in_scope=zone_loss_in_scope
+        window, version_label=version_label, zone_loss_in_scope=zone_loss_in_scope, specs=specs
     )
     document = {
         "from": format_instant(bounds[0]) if bounds else None,

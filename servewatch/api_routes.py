@@ -141,6 +141,7 @@ class ApiRoutes:
                 window,
                 version_label=one(params, "version_label") or DEFAULT_VERSION_LABEL,
                 zone_loss_in_scope=zone_loss != "false",
+                specs=self.specs(),
             )
         except (ValueError, VersionLabelError) as exc:
             raise ApiInputError(str(exc)) from exc

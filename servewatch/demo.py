@@ -241,7 +241,7 @@ def run_demo(
         statuses = status_at(store, specs=specs, at=end)
         progress("looking for fleet-health findings")
         window = store.read_window()
-        findings = health_findings(window)
+        findings = health_findings(window, specs=specs)
         progress("sizing the fleet")
         requirement_file = out / "requirement.toml"
         requirement_file.write_text(_requirement(config, truth.capacity_rps * 60), encoding="utf-8")

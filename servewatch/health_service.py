@@ -12,14 +12,16 @@ from typing import Any
 
 import polars as pl
 
-from servewatch.health.detectors import default_detectors
-from servewatch.health.finding import Detector, Finding, HealthInputs
+from servewatch.health.detectors import default_detectors, examine
+from servewatch.health.finding import DEFAULT_OBJECTIVE_RATIO, Detector, Finding, HealthInputs
 from servewatch.pipeline.instants import format_instant
 from servewatch.pipeline.window import POINTS_LEAD, Window
 from servewatch.slo.alert_state import TableAlertStateStore
 from servewatch.slo.burn_rate import evaluation_minute
 from servewatch.slo.finding_alerts import DEFAULT_LOOKBACK_S, FindingEvaluation, step_findings
 from servewatch.slo.notification import Notifier
+from servewatch.slo.spec import SloSpec
+from servewatch.slo_service import limits_of, objective_of
 from servewatch.store import Store
 
 DEFAULT_VERSION_LABEL = "model"
@@ -52,9 +54,11 @@ def health_inputs(
     end: datetime,
     version_label: str = DEFAULT_VERSION_LABEL,
     zone_loss_in_scope: bool = True,
+    specs: Sequence[SloSpec] = (),
 ) -> HealthInputs:
     """What the detectors read over [start, end) of the window (points from a minute
-    earlier, so the first minute's counter increments are complete)."""
+    earlier, so the first minute's counter increments are complete); harm is priced against
+    the goodput limits and the strictest traced objective of `specs`."""
     return HealthInputs(
         start=start,
         end=end,
@@ -65,6 +69,8 @@ def health_inputs(
         scrapes=_eager(window.scrapes_between(start, end)),
         version_label=version_label,
         zone_loss_in_scope=zone_loss_in_scope,
+        limits=limits_of(specs),
+        objective_ratio=objective_of(specs, default=DEFAULT_OBJECTIVE_RATIO),
     )
 
 
@@ -79,10 +85,7 @@ def ordered(findings: Sequence[Finding]) -> tuple[Finding, ...]:
 
 
 def run_detectors(inputs: HealthInputs, detectors: Sequence[Detector]) -> tuple[Finding, ...]:
-    found: list[Finding] = []
-    for detector in detectors:
-        found.extend(detector.detect(inputs))
-    return ordered(found)
+    return ordered(examine(inputs, detectors))
 
 
 def health_findings(
@@ -91,8 +94,10 @@ def health_findings(
     version_label: str = DEFAULT_VERSION_LABEL,
     zone_loss_in_scope: bool = True,
     detectors: Sequence[Detector] | None = None,
+    specs: Sequence[SloSpec] = (),
 ) -> tuple[Finding, ...]:
-    """Every finding of the detectors (the default set when None) over the window."""
+    """Every finding of the detectors (the default set when None) over the window, harm
+    priced against `specs` (see `health_inputs`)."""
     bounds = health_window(window)
     if bounds is None:
         return ()
@@ -102,6 +107,7 @@ def health_findings(
         end=bounds[1],
         version_label=version_label,
         zone_loss_in_scope=zone_loss_in_scope,
+        specs=specs,
     )
     return run_detectors(inputs, default_detectors() if detectors is None else detectors)
 
@@ -113,13 +119,14 @@ def evaluate_findings(
     notifier: Notifier | None,
     lookback_s: int = DEFAULT_LOOKBACK_S,
     version_label: str = DEFAULT_VERSION_LABEL,
+    specs: Sequence[SloSpec] = (),
 ) -> FindingEvaluation:
     """One scheduled evaluation of finding alerts: the findings of the `lookback_s` before
     `at` raised or resolved as tickets in the `alerts` table, the notifier told."""
     end = evaluation_minute(at)
     start = end - timedelta(seconds=lookback_s)
     window = store.read_window(from_ts=start, to_ts=end)
-    inputs = health_inputs(window, start=start, end=end, version_label=version_label)
+    inputs = health_inputs(window, start=start, end=end, version_label=version_label, specs=specs)
     findings = run_detectors(inputs, default_detectors())
     return step_findings(
         findings,

@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from servewatch.dashboards.export import chart_specs, report_html, spec_json
-from servewatch.report_service import limits_of, store_report
+from servewatch.report_service import store_report
 from servewatch.slo.spec import SloSpec
+from servewatch.slo_service import limits_of
 from servewatch.store import Store
 
 

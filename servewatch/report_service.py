@@ -74,16 +74,6 @@ class SloViews:
         }
 
 
-def limits_of(specs: Sequence[SloSpec]) -> GoodputLimits:
-    """The latency limits of the first goodput SLO (what a replica's attainment is counted
-    against when no limits are given), else none."""
-    for spec in specs:
-        ttft_s, tpot_s = getattr(spec.sli, "ttft_s", None), getattr(spec.sli, "tpot_s", None)
-        if ttft_s is not None and tpot_s is not None:
-            return GoodputLimits(ttft_s=ttft_s, tpot_s=tpot_s)
-    return GoodputLimits()
-
-
 def report_span(window: Window) -> tuple[datetime, datetime] | None:
     """[start, end) of the report in whole minutes: the window's bounds, an open side closed at
     the first or last data stored (None when the store holds nothing)."""
@@ -222,6 +212,7 @@ def store_report(
         findings=findings,
         record=record,
         slos=slos,
+        specs=specs,
     )
 
 
@@ -233,11 +224,12 @@ def window_report(
     findings: Sequence[Finding] | None = None,
     record: DecisionRecord | None = None,
     slos: SloViews | None = None,
+    specs: Sequence[SloSpec] = (),
 ) -> Report:
     """The report over the window: traces, rollups, SLO minutes, the per-minute frames of
-    scraped series, and the fleet-health findings (versions told apart by `version_label`;
-    pass `findings` when the caller already has them); with `slos`, the SLO verdicts and
-    their charts, with `record`, the capacity answer."""
+    scraped series, and the fleet-health findings (versions told apart by `version_label`,
+    harm priced against `specs`; pass `findings` when the caller already has them); with
+    `slos`, the SLO verdicts and their charts, with `record`, the capacity answer."""
     from_ts, to_ts = window.from_ts, window.to_ts
     metric_frames: dict[str, pl.LazyFrame] = {}
     stored = window.stored_points
@@ -271,7 +263,7 @@ def window_report(
         scrapes=window.scrapes.lazy(),
         findings=tuple(findings)
         if findings is not None
-        else health_findings(window, version_label=version_label),
+        else health_findings(window, version_label=version_label, specs=specs),
         prompt_token_sources=metric_frames.get("prompt_token_sources"),
         **({} if record is None else record_views(record)),
         **slo_inputs,

@@ -319,7 +319,7 @@ class Service:
                 if result.notification_error:
                     log.error("alert notification failed: %s", result.notification_error)
             # Fleet-health findings become tickets through the same notifier.
-            findings = evaluate_findings(store, at=at, notifier=notifier)
+            findings = evaluate_findings(store, at=at, notifier=notifier, specs=specs)
             if findings.notification_error:
                 log.error("finding alert notification failed: %s", findings.notification_error)
             # The page first: a failure computing the gauges leaves it knowing the store moved.

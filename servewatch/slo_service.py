@@ -24,6 +24,7 @@ from servewatch.pipeline.metric_minutes import (
 )
 from servewatch.pipeline.metric_sli import series_dimensions
 from servewatch.pipeline.request_minutes import EventCriterion, slo_minutes
+from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.slo.alert_state import AlertChange, TableAlertStateStore, changes_from_frame
 from servewatch.slo.alerting import Evaluation, replay, step
 from servewatch.slo.burn_rate import evaluation_minute
@@ -305,3 +306,20 @@ def evaluate(
         alert_sums=None if inputs is None else inputs.sums,
         presence=None if inputs is None else inputs.presence,
     )
+
+
+def limits_of(specs: Sequence[SloSpec]) -> GoodputLimits:
+    """The latency limits of the first goodput SLO (what a replica's attainment is counted
+    against when no limits are given), else none."""
+    for spec in specs:
+        ttft_s, tpot_s = getattr(spec.sli, "ttft_s", None), getattr(spec.sli, "tpot_s", None)
+        if ttft_s is not None and tpot_s is not None:
+            return GoodputLimits(ttft_s=ttft_s, tpot_s=tpot_s)
+    return GoodputLimits()
+
+
+def objective_of(specs: Sequence[SloSpec], *, default: float) -> float:
+    """The strictest objective among SLOs counted from traced requests (what a finding's harm
+    is priced against), else `default`."""
+    traced = [s.objective_ratio for s in specs if s.event_criterion() is not None]
+    return max(traced, default=default)

@@ -23,8 +23,8 @@ from servewatch.pipeline.natural_sort import natural_key, natural_order
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import build_sli_report
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
-from servewatch.report_service import limits_of, report_span, slo_views
-from servewatch.slo_service import load_specs
+from servewatch.report_service import report_span, slo_views
+from servewatch.slo_service import limits_of, load_specs
 from servewatch.store import Store
 
 AT = datetime(2026, 11, 19, 2, 0)

@@ -13,7 +13,6 @@ from servewatch.capacity.decision_record import DecisionRecord
 from servewatch.capacity.parallel import process_map
 from servewatch.capacity.requirement import RequirementError, load_requirement
 from servewatch.cli.app import (
-    DEFAULT_DB,
     EXIT_BAD_INPUT,
     CliState,
     ConfigOption,
@@ -26,10 +25,10 @@ from servewatch.cli.app import (
     fail,
     instant,
     limit_s,
-    load_config_or_fail,
     read_window,
     store_failure,
 )
+from servewatch.cli.slo_files import slo_specs
 from servewatch.dashboards.export import write_report
 from servewatch.health.rollout_comparison import VersionLabelError
 from servewatch.health_service import (
@@ -44,38 +43,10 @@ from servewatch.render import (
     out_console,
     print_json,
 )
-from servewatch.report_service import SloViews, limits_of, report_span, slo_views, window_report
-from servewatch.slo.fields import SpecError
+from servewatch.report_service import SloViews, report_span, slo_views, window_report
 from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import SloSetupError, load_specs
+from servewatch.slo_service import limits_of
 from servewatch.store import Store, StoreBusyError, StoreError
-
-# Read when neither --slo nor --config is given, as `run` and `scrape` read it.
-DEFAULT_CONFIG = Path("servewatch.toml")
-
-
-def _slo_specs(
-    state: CliState, slo_files: list[Path] | None, config_path: Path | None
-) -> tuple[SloSpec, ...]:
-    """The SLOs of --slo, else of the config's [slo] files (--config, or ./servewatch.toml when
-    present); none when neither names any."""
-    paths = list(slo_files or [])
-    if not paths:
-        path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
-        if path is not None:
-            config = load_config_or_fail(path)
-            paths = list(config.slo.files)
-            if state.db == DEFAULT_DB:
-                state.db = config.store_path
-    if not paths:
-        return ()
-    try:
-        specs, notes = load_specs(paths)
-    except (SloSetupError, SpecError) as exc:
-        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
-    for note in notes:
-        err_console.print(labelled("note:", note))
-    return specs
 
 
 def _answers(
@@ -163,7 +134,7 @@ def report(
     ./servewatch.toml."""
     state = ctx.ensure_object(CliState)
     from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
-    specs = _slo_specs(state, slo, config)
+    specs = slo_specs(state, slo, config)
     given = GoodputLimits(
         ttft_s=limit_s(ttft_ms, "--ttft-ms"), tpot_s=limit_s(tpot_ms, "--tpot-ms")
     )
@@ -179,7 +150,12 @@ def report(
     slos, record = _answers(state, specs=specs, requirement=requirement, span=span, window=query)
     try:
         built = window_report(
-            stored, limits=limits, version_label=version_label, slos=slos, record=record
+            stored,
+            limits=limits,
+            version_label=version_label,
+            slos=slos,
+            record=record,
+            specs=specs,
         )
     except VersionLabelError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc

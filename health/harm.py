@@ -1,0 +1,99 @@
+"""Harm: what a finding cost the SLO, in requests and in error budget. A finding's requests are
+the traced requests its scope finished while it lasted; bad ones failed or missed the goodput
+limits (`HealthInputs.limits`). Some are bad on any day, so the cost is the excess over what
+the same scope's requests outside the finding's span would give at their bad share, and the
+budget is `1 - objective_ratio` of every request the window finished.
+
+A loss (host, zone, blocked starts) moves its replicas' requests onto the rest of their pool, so
+its harm is counted over the pools it hit, not over replicas that no longer serve. Without
+traced requests nothing is priced: counters say how many failed, not which met the limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+import polars as pl
+
+from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.finding_scope import ScopeIndex
+from servewatch.pipeline.request_sli import with_good, with_tpot
+
+# Findings whose replicas stop serving: their harm lands on the rest of the pool.
+POOL_PRICED = frozenset(
+    (FindingKind.HOST_LOSS, FindingKind.ZONE_LOSS, FindingKind.STARTUP_DEPENDENCY)
+)
+HARM_EVIDENCE = ("bad_requests", "excess_bad_requests", "budget_spent_ratio")
+
+
+def bad_requests(inputs: HealthInputs) -> pl.DataFrame:
+    """The window's traced requests with `bad` (failed, or over a goodput limit)."""
+    requests = inputs.requests.filter(
+        (pl.col("end_ts") >= inputs.start) & (pl.col("end_ts") < inputs.end)
+    )
+    if inputs.limits.is_empty:
+        return requests.with_columns(bad=~pl.col("ok").fill_null(value=False)).collect()
+    return (
+        requests.pipe(with_tpot)
+        .pipe(with_good, limits=inputs.limits)
+        .with_columns(bad=~pl.col("good"))
+        .collect()
+    )
+
+
+def priced(findings: list[Finding], inputs: HealthInputs) -> list[Finding]:
+    """Each finding with its harm as evidence and in its summary (unchanged without traces)."""
+    requests = bad_requests(inputs)
+    if requests.is_empty():
+        return findings
+    index = ScopeIndex.of(inputs)
+    budget = (1.0 - inputs.objective_ratio) * requests.height
+    return [_price(f, requests, index, budget=budget, window_end=inputs.end) for f in findings]
+
+
+def _scoped(finding: Finding, requests: pl.DataFrame, index: ScopeIndex) -> pl.DataFrame:
+    if finding.kind not in POOL_PRICED:
+        return index.requests_of(requests.lazy(), finding).collect()
+    pools = {index.pool_of(r) for r in index.replicas(finding.scope_unit, finding.scope) or ()}
+    if finding.scope_unit is ScopeUnit.FLEET or not pools or None in pools:
+        return requests
+    return requests.filter(pl.col("pool").is_in(sorted(p for p in pools if p is not None)))
+
+
+def _price(
+    finding: Finding,
+    requests: pl.DataFrame,
+    index: ScopeIndex,
+    *,
+    budget: float,
+    window_end: datetime,
+) -> Finding:
+    scoped = _scoped(finding, requests, index)
+    end = finding.end or window_end
+    inside = pl.col("end_ts").is_between(finding.start, end, closed="left")
+    during, outside = scoped.filter(inside), scoped.filter(~inside)
+    if during.is_empty():
+        return finding
+    bad = int(during["bad"].sum())
+    # Outside the span the scope's own share; a scope that served nothing else (a replica
+    # slow all window) is compared with the window's share.
+    reference = outside if outside.height else requests.filter(~inside)
+    share = float(reference["bad"].mean()) if reference.height else 0.0  # type: ignore[arg-type]
+    expected = during.height * share
+    excess = max(0.0, bad - expected)
+    spent = excess / budget if budget > 0 else 0.0
+    evidence = (
+        Evidence("bad_requests", float(bad), "count", baseline=round(expected, 1)),
+        Evidence("excess_bad_requests", round(excess, 1), "count"),
+        Evidence("budget_spent_ratio", round(spent, 4), "ratio"),
+    )
+    kept = tuple(e for e in finding.evidence if e.name not in HARM_EVIDENCE)
+    return replace(
+        finding,
+        evidence=kept + evidence,
+        summary=(
+            f"{finding.summary}; {round(excess):,} bad requests beyond the usual "
+            f"({spent:.1%} of the window's error budget)"
+        ),
+    )
