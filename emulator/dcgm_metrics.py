@@ -398,7 +398,8 @@ class DcgmObserver:
     Events decide which processes live (`STARTED` / `CRASHED`) and which hosts are gone
     (`HOST_LOST` on any replica of a host takes the host's exporter down until a replica on it
     starts again, or until a replacement node is up but cannot start its replicas:
-    `START_BLOCKED`, the node answering while the artifact registry is out); `sample` turns the simulation's states into readings, integrating energy and
+    `START_BLOCKED`, the node answering while the artifact registry is out); `sample` turns
+    the simulation's states into readings, integrating energy and
     NVLink traffic over the time since the previous sample.
     """
 
