@@ -98,9 +98,11 @@ def record(config: FleetConfig, folder: Path, *, minutes: float, seed: int = 7) 
     return folder
 
 
-def recorded_inputs(config: FleetConfig, folder: Path, *, minutes: float) -> HealthInputs:
+def recorded_inputs(
+    config: FleetConfig, folder: Path, *, minutes: float, seed: int = 7
+) -> HealthInputs:
     """Record, replay into an in-memory store and read the whole recording back."""
-    record(config, folder, minutes=minutes)
+    record(config, folder, minutes=minutes, seed=seed)
     with Store.open(":memory:") as store:
         replay_fixture(folder, store=store)
         end = START + timedelta(minutes=minutes)
