@@ -1,19 +1,21 @@
 """The KV-pool pressure detector: a replica whose paged KV pool runs full, so the scheduler
-preempts running requests (recomputing them later) and time per output token rises for
-everyone on it.
+preempts running requests (recomputing them later) and admits new ones late: time per output
+token rises for the requests it holds, and time to first token for those waiting for room.
 
 Per replica and minute it reads the KV-cache usage gauge (its maximum over the minute's
-scrapes), the preemptions counter and the median time per output token. A pressure minute has
-usage at or above `usage_threshold` and at least `min_preemptions` preemptions; pressure
-minutes bridged over gaps of up to `max_gap_minutes` form an episode of at least
-`min_minutes`. One finding per replica covers all its episodes: from the first one's start to
-the last one's end (None while the last is still going at the window's end), with how many
-episodes, how long each lasted in all and at most, the preemptions, and TPOT during pressure
-against the replica's own TPOT outside it.
+scrapes), the preemptions counter and the p90 time per output token and to first token. A
+pressure minute has usage at or above `usage_threshold` and at least `min_preemptions`
+preemptions; pressure minutes bridged over gaps of up to `max_gap_minutes` form an episode of
+at least `min_minutes`. One finding per replica covers all its episodes: from the first one's
+start to the last one's end (None while the last is still going at the window's end), with how
+many episodes, how long each lasted in all and at most, the preemptions, and TPOT and TTFT during
+pressure against the replica's own outside it.
 
 Confidence: full usage and preemptions are the engine's own readings, so a finding starts at
-0.5; the other half is the share of its pressure minutes in which TPOT was at least
-`tpot_rise_ratio` times the replica's baseline, i.e. how consistently users felt it.
+0.5; the other half is the share of its pressure minutes in which TPOT or TTFT was at least
+`rise_ratio` times the replica's baseline, i.e. how consistently users felt it. A squeezed pool
+often hurts TTFT more than TPOT (requests wait for blocks rather than decode slower), so either
+counts.
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ class KvPressureDetector:
       preempts only when it is, so preemptions prove the rest);
     - `min_preemptions` [1]: preemptions a minute needs besides full usage;
     - `min_minutes` [2], `max_gap_minutes` [2]: an episode's length and bridged gaps;
-    - `tpot_rise_ratio` [1.2]: TPOT over the replica's baseline that counts as felt.
+    - `rise_ratio` [1.2]: TPOT or TTFT over the replica's baseline that counts as felt.
     """
 
     usage_threshold: float = 0.8
     min_preemptions: float = 1.0
     min_minutes: int = 2
     max_gap_minutes: int = 2
-    tpot_rise_ratio: float = 1.2
+    rise_ratio: float = 1.2
     kind: FindingKind = FindingKind.KV_PRESSURE
 
     def replica_minutes(self, inputs: HealthInputs) -> pl.LazyFrame:
@@ -76,10 +78,14 @@ class KvPressureDetector:
             start=start,
             end=end,
         )
+        ttft = quantile_minutes(
+            points, dims, signal=Signal.TTFT_S, q=0.9, name="ttft_p90_s", start=start, end=end
+        )
         on = ["replica", "minute_ts"]
         return (
             usage.join(preemptions, on=on, how="left")
             .join(tpot, on=on, how="left")
+            .join(ttft, on=on, how="left")
             .with_columns(pl.col("preemptions").fill_null(0.0))
             .with_columns(
                 pressure=(pl.col("kv_usage_max") >= self.usage_threshold)
@@ -125,10 +131,17 @@ class KvPressureDetector:
         preemptions = float(during["preemptions"].sum())
         tpot_during = during["tpot_p90_s"].drop_nulls().median()
         tpot_baseline = outside["tpot_p90_s"].drop_nulls().median()
-        felt = 0.0
-        if tpot_baseline is not None and during["tpot_p90_s"].drop_nulls().len() > 0:
-            rise = during["tpot_p90_s"].drop_nulls() >= self.tpot_rise_ratio * float(tpot_baseline)  # type: ignore[arg-type]
-            felt = float(rise.mean() or 0.0)
+        ttft_during = during["ttft_p90_s"].drop_nulls().median()
+        ttft_baseline = outside["ttft_p90_s"].drop_nulls().median()
+        felt = float(
+            during.select(
+                (
+                    self._rose("tpot_p90_s", _float(tpot_baseline))
+                    | self._rose("ttft_p90_s", _float(ttft_baseline))
+                ).mean()
+            ).item()
+            or 0.0
+        )
         evidence = [
             Evidence("episodes", float(runs.height), "count"),
             Evidence("pressure_s", float(during.height * 60), "s"),
@@ -148,11 +161,18 @@ class KvPressureDetector:
             evidence.append(
                 Evidence("tpot_p90_s", float(tpot_during), "s", baseline=_float(tpot_baseline))  # type: ignore[arg-type]
             )
+        if ttft_during is not None:
+            evidence.append(
+                Evidence("ttft_p90_s", float(ttft_during), "s", baseline=_float(ttft_baseline))  # type: ignore[arg-type]
+            )
         tpot_text = ""
-        if tpot_during is not None and tpot_baseline is not None:
-            during_ms = float(tpot_during) * 1000  # type: ignore[arg-type]
-            baseline_ms = float(tpot_baseline) * 1000  # type: ignore[arg-type]
-            tpot_text = f"; TPOT p90 {during_ms:.0f} ms vs {baseline_ms:.0f} ms outside"
+        for name, now, before in (
+            ("TPOT", tpot_during, tpot_baseline),
+            ("TTFT", ttft_during, ttft_baseline),
+        ):
+            if now is not None and before is not None:
+                now_ms, before_ms = float(now) * 1000, float(before) * 1000  # type: ignore[arg-type]
+                tpot_text += f"; {name} p90 {now_ms:.0f} ms vs {before_ms:.0f} ms outside"
         return Finding(
             kind=self.kind,
             scope_unit=ScopeUnit.REPLICA,
@@ -171,6 +191,13 @@ class KvPressureDetector:
                 "gpu_memory_utilization and max_num_seqs) or route long contexts elsewhere"
             ),
         )
+
+    def _rose(self, column: str, baseline: float | None) -> pl.Expr:
+        """Whether a minute's `column` rose to `rise_ratio` times its baseline (false with no
+        baseline or no reading)."""
+        if baseline is None:
+            return pl.lit(value=False)
+        return (pl.col(column) >= self.rise_ratio * baseline).fill_null(value=False)
 
 
 def _float(value: object) -> float | None:
