@@ -76,7 +76,7 @@ class AffinityLossDetector:
             pl.col("signal").is_in([s.value for s in _RESET_SIGNALS])
             & pl.col("le").is_null()
             & pl.col("replica").is_not_null()
-        ).select("series_id", "replica")
+        ).select("series_id", "replica", "signal")
         previous_value = pl.col("value").shift(1).over("series_id", order_by="ts")
         previous_ts = pl.col("ts").shift(1).over("series_id", order_by="ts")
         resets = (
@@ -90,6 +90,36 @@ class AffinityLossDetector:
                 trigger_ts=pl.col("ts"),
                 down_since_ts=pl.col("previous_ts"),
                 cause=pl.lit("restart (counters reset)"),
+            )
+        )
+        # A new version (a rollout, its rollback) is a new process under new labels: its
+        # counters start a series of their own rather than falling within the old one. The
+        # replica's other series of the signal must have stopped when it began (its last
+        # sample before, none in the minute after), so two models served side by side are not
+        # read as a restart.
+        samples = inputs.points.join(counters, on="series_id", how="inner").select(
+            "series_id", "replica", "signal", "ts"
+        )
+        births = samples.group_by("series_id", "replica", "signal").agg(first_ts=pl.col("ts").min())
+        others = samples.join(births, on=["replica", "signal"], how="inner", suffix="_new").filter(
+            pl.col("series_id") != pl.col("series_id_new")
+        )
+        relabelled = (
+            others.group_by("series_id_new", "replica", "first_ts")
+            .agg(
+                down_since_ts=pl.col("ts").filter(pl.col("ts") < pl.col("first_ts")).max(),
+                overlapping=pl.col("ts")
+                .is_between(pl.col("first_ts"), pl.col("first_ts") + pl.duration(minutes=1))
+                .any(),
+            )
+            .filter(pl.col("down_since_ts").is_not_null() & ~pl.col("overlapping"))
+            .group_by("replica", "first_ts")
+            .agg(pl.col("down_since_ts").max())
+            .select(
+                "replica",
+                trigger_ts=pl.col("first_ts"),
+                down_since_ts="down_since_ts",
+                cause=pl.lit("restart (a new version's series)"),
             )
         )
         engines = replica_pools(dims).select("replica", "pool")
@@ -134,8 +164,10 @@ class AffinityLossDetector:
         merge = pl.duration(minutes=self.merge_minutes)
         earlier = pl.col("trigger_ts").shift(1).over("replica", order_by="trigger_ts")
         return (
-            pl.concat([resets, gaps, joined], how="vertical_relaxed")
-            .sort("replica", "trigger_ts")
+            pl.concat([resets, relabelled, gaps, joined], how="vertical_relaxed")
+            # Of triggers at one instant, the one down longest sets the baseline: a rollback's
+            # counters reset against the old version's last sample, before the rollout.
+            .sort("replica", "trigger_ts", "down_since_ts", nulls_last=True)
             .filter(earlier.is_null() | (pl.col("trigger_ts") - earlier > merge))
         )
 
