@@ -1,38 +1,61 @@
-"""The traffic-step detector: arrivals rise faster than capacity can follow (a new replica
-takes a cold start to serve), so every batch fills, the queue grows and requests wait, until
-the step passes, capacity catches up, or the gateway sheds.
+"""The traffic-step detector: a pool's arrivals rise well above their recent level and stay
+there, and the pool's users pay for it in requests that miss the objective. Capacity did not
+follow (it takes a decision and a cold start to add a replica), so batches grew, every step
+of every engine slowed, and TTFT and TPOT rose, with or without a queue. A rise that does no
+harm is not a finding; a rise whose harm lasted until new replicas served is reported as the
+autoscaler's lag (`health.autoscaler_lag`) instead.
 
 Per pool and minute it reads arrivals (traced requests by arrival time when there are any,
 else requests finished plus the change in requests held, from the engines' counters and
-gauges), completions, waiting requests (summed over the pool's replicas), requests shed
-(finished with `abort` or `error`, or refused by admission control) and the pool's queue time
-p90. A backlog minute has at least `min_waiting_per_replica` requests waiting per replica;
-backlog minutes bridged over gaps of up to `max_gap_minutes` form an episode of at least
-`min_minutes`. It is a traffic step when, from `lead_minutes` before the backlog to its end,
-some minute's arrivals reach `step_ratio` times the arrivals of the `baseline_minutes`
-before that (their median). The finding starts at the first such minute and ends when the
-backlog clears (None while it has not); its evidence says how high arrivals went, what the
-pool completed meanwhile, how deep and old the queue got, and how many requests were shed.
+gauges), completions, serving replicas, waiting requests (summed over the pool's replicas),
+requests shed (finished with `abort` or `error`, or refused by admission control) and the
+pool's queue time p90. A minute has risen when its arrivals reach `step_ratio` times the
+median of the `baseline_minutes` before it (at least `min_baseline_minutes` of them). A step
+starts at a risen minute; its baseline is frozen there (a rolling median would catch up with
+a long step and end it early) and it lasts while minutes keep rising against that baseline,
+gaps of up to `max_gap_minutes` bridged. It needs `min_minutes` risen minutes and mean
+arrivals over its whole span of `step_ratio` times the baseline. Its harm is measured over
+its span against the baseline minutes (`health.step_harm`); a step with clear harm is a
+finding, which ends with the step (None while it has not).
 
-Confidence: the share of the episode's minutes in which arrivals exceeded completions (the
-queue grew because input outran output, not because the engines slowed down), times
-1 - 2^-n for n backlog minutes (a backlog of one or two minutes may be a burst, not a step).
+Thresholds, and why: `step_ratio` 1.3 is three standard deviations of Poisson noise at 100
+requests a minute, and `min_minutes` 3 is more than a burst of up to 60 s can cover (it
+straddles at most two minutes), so short bursts and noise are not steps; a diurnal swing moves
+a 10-minute median by a few percent, far under 1.3. The harm bar (`step_harm.HarmRule`) keeps
+rises the pool absorbed out.
+
+Confidence: how clear the rise is times how clear the harm is. The rise: 1 - 2^-n for n risen
+minutes, times the mean ratio's margin over `step_ratio` (a margin twice the threshold's
+counts fully); the harm: `HarmRule.clarity`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import polars as pl
 
-from servewatch.health.episodes import episode_end, flagged_episodes
+from servewatch.health.autoscaler_lag import (
+    lag_finding,
+    lag_span,
+    new_replicas,
+    replica_service,
+)
+from servewatch.health.episodes import episode_end
 from servewatch.health.finding import (
     Evidence,
     Finding,
     FindingKind,
     HealthInputs,
     ScopeUnit,
+)
+from servewatch.health.step_harm import (
+    HarmRule,
+    HarmSource,
+    SpanHarm,
+    pool_ttft_buckets,
+    traced_requests,
 )
 from servewatch.pipeline.metric_sli import counter_minutes
 from servewatch.pipeline.promql import histogram_quantile_frame
@@ -44,29 +67,45 @@ from servewatch.pipeline.replica_minutes import (
 from servewatch.pipeline.signals import Signal
 
 _SHED_REASONS = ("abort", "error")
+MINUTE = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A sustained rise of a pool's arrivals: [start, end) in whole minutes, against the
+    median of the minutes before it (`baseline_per_min`, from `baseline_from` on)."""
+
+    pool: str
+    start: datetime
+    end: datetime
+    baseline_from: datetime
+    baseline_per_min: float
+    risen_minutes: int
 
 
 @dataclass(frozen=True)
 class TrafficStepDetector:
     """Thresholds (defaults in brackets):
-    - `step_ratio` [1.5]: arrivals over their recent median that make a step;
-    - `min_waiting_per_replica` [2]: waiting requests per replica that make a backlog;
-    - `min_minutes` [2], `max_gap_minutes` [1]: a backlog episode's length and bridged gaps;
-    - `baseline_minutes` [10], `lead_minutes` [5]: where the step and its baseline are sought.
+    - `step_ratio` [1.3]: arrivals over their recent median that make a risen minute, and the
+      step's mean arrivals over it;
+    - `min_minutes` [3], `max_gap_minutes` [1]: a step's risen minutes and bridged gaps;
+    - `baseline_minutes` [10], `min_baseline_minutes` [5]: the median a minute is held
+      against, and how many minutes it needs;
+    - `harm`: when the step's harm is clear (`step_harm.HarmRule`).
     """
 
-    step_ratio: float = 1.5
-    min_waiting_per_replica: float = 2.0
-    min_minutes: int = 2
+    step_ratio: float = 1.3
+    min_minutes: int = 3
     max_gap_minutes: int = 1
     baseline_minutes: int = 10
-    lead_minutes: int = 5
+    min_baseline_minutes: int = 5
+    harm: HarmRule = field(default_factory=HarmRule)
     kind: FindingKind = FindingKind.TRAFFIC_STEP
 
     def pool_minutes(self, inputs: HealthInputs) -> pl.LazyFrame:
-        """Per pool-minute: replicas, arrivals, completions, shed, waiting, running,
-        queue_p90_s, backlog flag."""
-        start = inputs.start - timedelta(minutes=self.baseline_minutes + self.lead_minutes)
+        """Per pool-minute: replicas (those scraped), arrivals, baseline_arrivals,
+        completions, shed, waiting, running, queue_p90_s."""
+        start = inputs.start - timedelta(minutes=self.baseline_minutes)
         end = inputs.end
         points, dims = inputs.points, inputs.dimensions
         pools = replica_pools(dims).select("replica", "pool")
@@ -136,10 +175,11 @@ class TrafficStepDetector:
             )
             .with_columns(
                 baseline_arrivals=pl.col("arrivals")
-                .rolling_median(window_size=self.baseline_minutes, min_samples=3)
+                .rolling_median(
+                    window_size=self.baseline_minutes, min_samples=self.min_baseline_minutes
+                )
                 .shift(1)
                 .over("pool", order_by="minute_ts"),
-                backlog=pl.col("waiting") >= self.min_waiting_per_replica * pl.col("replicas"),
             )
             .drop("traced_arrivals")
         )
@@ -180,59 +220,206 @@ class TrafficStepDetector:
 
     def detect(self, inputs: HealthInputs) -> list[Finding]:
         minutes = self.pool_minutes(inputs).collect()
-        in_window = minutes.filter(
-            pl.col("minute_ts") >= inputs.start.replace(second=0, microsecond=0)
-        )
-        episodes = flagged_episodes(
-            in_window.lazy(),
-            by=["pool"],
-            flag="backlog",
-            max_gap_minutes=self.max_gap_minutes,
-            min_minutes=self.min_minutes,
-        ).collect()
+        pools = replica_pools(inputs.dimensions).select("replica", "pool")
+        source: HarmSource | None = None
+        service: pl.DataFrame | None = None
         findings = []
-        for episode in episodes.iter_rows(named=True):
-            finding = self._judge(
-                episode, minutes.filter(pl.col("pool") == episode["pool"]), inputs
-            )
+        for step in self.steps(minutes, window_start=inputs.start):
+            if source is None:
+                requests = traced_requests(inputs, pools)
+                buckets = (
+                    pool_ttft_buckets(inputs, pools) if requests.is_empty() else pl.DataFrame()
+                )
+                source = HarmSource(requests, buckets, limits_given=not inputs.limits.is_empty)
+                service = replica_service(inputs, pools)
+            pool_minutes = minutes.filter(pl.col("pool") == step.pool)
+            finding = self._judge(step, pool_minutes, inputs, source, service)
             if finding is not None:
                 findings.append(finding)
         return findings
 
-    def _judge(
-        self, episode: dict[str, object], minutes: pl.DataFrame, inputs: HealthInputs
-    ) -> Finding | None:
-        backlog_start, backlog_end = episode["start"], episode["end"]
-        if not isinstance(backlog_start, datetime) or not isinstance(backlog_end, datetime):
-            raise TypeError(f"backlog episode without a start or end: {episode}")
-        lead = backlog_start - timedelta(minutes=self.lead_minutes)
-        before = minutes.filter(
-            (pl.col("minute_ts") < lead)
-            & (pl.col("minute_ts") >= lead - timedelta(minutes=self.baseline_minutes))
+    def steps(self, minutes: pl.DataFrame, *, window_start: datetime) -> list[Step]:
+        """The steps in a `pool_minutes` frame that start in the window."""
+        first = window_start.replace(second=0, microsecond=0)
+        found: list[Step] = []
+        for (pool,), rows in minutes.sort("minute_ts").group_by("pool", maintain_order=True):
+            ts: list[datetime] = rows["minute_ts"].to_list()
+            arrivals: list[float] = rows["arrivals"].to_list()
+            baselines: list[float | None] = rows["baseline_arrivals"].to_list()
+            i = 0
+            while i < len(ts):
+                step = self._step_from(
+                    str(pool), i=i, ts=ts, arrivals=arrivals, baseline=baselines[i], first=first
+                )
+                if step is None:
+                    i += 1
+                    continue
+                found.append(step)
+                i = ts.index(step.end - MINUTE) + 1
+        return found
+
+    def _step_from(
+        self,
+        pool: str,
+        *,
+        i: int,
+        ts: list[datetime],
+        arrivals: list[float],
+        baseline: float | None,
+        first: datetime,
+    ) -> Step | None:
+        if ts[i] < first or baseline is None or baseline <= 0:
+            return None
+        bar = self.step_ratio * baseline
+        if arrivals[i] < bar:
+            return None
+        risen = [i]
+        bridge = timedelta(minutes=self.max_gap_minutes + 1)
+        for k in range(i + 1, len(ts)):
+            if ts[k] - ts[risen[-1]] > bridge:
+                break
+            if arrivals[k] >= bar:
+                risen.append(k)
+        span = arrivals[i : risen[-1] + 1]
+        if len(risen) < self.min_minutes or sum(span) / len(span) < bar:
+            return None
+        return Step(
+            pool=pool,
+            start=ts[i],
+            end=ts[risen[-1]] + MINUTE,
+            baseline_from=ts[i] - timedelta(minutes=self.baseline_minutes),
+            baseline_per_min=baseline,
+            risen_minutes=len(risen),
         )
-        baseline = before["arrivals"].median()
-        if baseline is None or float(baseline) <= 0:  # type: ignore[arg-type]
+
+    def _judge(
+        self,
+        step: Step,
+        minutes: pl.DataFrame,
+        inputs: HealthInputs,
+        source: HarmSource,
+        service: pl.DataFrame | None,
+    ) -> Finding | None:
+        baseline_span = (step.baseline_from, step.start)
+        harm = source.measure(
+            step.pool, minutes, span=(step.start, step.end), baseline=baseline_span
+        )
+        clarity = self._clarity(harm, inputs)
+        if clarity == 0.0:
             return None
-        baseline_per_min = float(baseline)  # type: ignore[arg-type]
-        span = minutes.filter(pl.col("minute_ts").is_between(lead, backlog_end, closed="left"))
-        stepped = span.filter(pl.col("arrivals") >= self.step_ratio * baseline_per_min)
-        if stepped.is_empty():
-            return None
-        start: datetime = stepped["minute_ts"].min()  # type: ignore[assignment]
-        during = span.filter(pl.col("minute_ts") >= start)
+        during = minutes.filter(pl.col("minute_ts").is_between(step.start, step.end, closed="left"))
+        before = minutes.filter(pl.col("minute_ts").is_between(*baseline_span, closed="left"))
+        mean_ratio = float(during["arrivals"].mean()) / step.baseline_per_min  # type: ignore[arg-type]
+        rise = (1.0 - 0.5**step.risen_minutes) * min(
+            1.0, (mean_ratio - 1.0) / (2.0 * (self.step_ratio - 1.0))
+        )
+        end = episode_end(step.end, window_end=inputs.end, max_gap_minutes=self.max_gap_minutes)
+        evidence = self._evidence(step, during, before, harm)
+        lag = self._autoscaler_lag(
+            step,
+            minutes=minutes,
+            inputs=inputs,
+            source=source,
+            service=service,
+            end=end,
+            evidence=evidence,
+            rise=rise,
+        )
+        if lag is not None:
+            return lag
+        pool = step.pool
         peak = float(during["arrivals"].max())  # type: ignore[arg-type]
-        outran = float((during["arrivals"] > during["completions"]).mean())  # type: ignore[arg-type]
-        backlog_minutes = int(episode["flagged_minutes"])  # type: ignore[call-overload]
-        confidence = outran * (1.0 - 0.5**backlog_minutes)
-        shed = float(during["shed"].sum())
-        end = episode_end(backlog_end, window_end=inputs.end, max_gap_minutes=self.max_gap_minutes)
-        outcome = "still queueing" if end is None else ("shed" if shed > 0 else "cleared")
-        pool = str(episode["pool"])
+        attained, attained_before = harm.attainment_ratio, harm.baseline_attainment_ratio
+        hurt = (
+            f"attainment {attained_before:.2f} -> {attained:.2f}"
+            if harm.by_limits and attained is not None and attained_before is not None
+            else f"TTFT p90 {harm.baseline_ttft_p90_s or 0:.2f} -> {harm.ttft_p90_s or 0:.2f} s"
+        )
+        return Finding(
+            kind=self.kind,
+            scope_unit=ScopeUnit.POOL,
+            scope=pool,
+            start=step.start,
+            end=end,
+            confidence=round(rise * clarity, 4),
+            summary=(
+                f"pool {pool or '(none)'}: arrivals stepped x{mean_ratio:.2f} (peak "
+                f"{peak / 60:.1f} against {step.baseline_per_min / 60:.1f} requests/s) at "
+                f"{step.start:%H:%M} for {(step.end - step.start).total_seconds() / 60:.0f} min "
+                f"and capacity did not follow: {harm.bad_requests:.0f} bad requests against "
+                f"{harm.expected_bad_requests:.0f} expected, {hurt}"
+                + (", still stepped" if end is None else "")
+            ),
+            evidence=evidence,
+            suggestion=(
+                "keep warm spare replicas (or scale on arrivals, queue depth and KV use, "
+                "leading signals) so a step is absorbed within a cold start; shed with a "
+                "retry-after at the gateway rather than queue without bound"
+            ),
+        )
+
+    def _clarity(self, harm: SpanHarm, inputs: HealthInputs) -> float:
+        return self.harm.clarity(
+            harm, objective_ratio=inputs.objective_ratio, limits_given=harm.by_limits
+        )
+
+    def _autoscaler_lag(
+        self,
+        step: Step,
+        *,
+        minutes: pl.DataFrame,
+        inputs: HealthInputs,
+        source: HarmSource,
+        service: pl.DataFrame | None,
+        end: datetime | None,
+        evidence: tuple[Evidence, ...],
+        rise: float,
+    ) -> Finding | None:
+        """The step as the autoscaler's lag: new replicas served during it and its harm was
+        clear until they did."""
+        if service is None:
+            return None
+        added = new_replicas(service, step.pool, start=step.start, until=step.end)
+        span = lag_span(step.start, added) if added is not None else None
+        if added is None or span is None:
+            return None
+        baseline_span = (step.baseline_from, step.start)
+        lag_harm = source.measure(step.pool, minutes, span=span, baseline=baseline_span)
+        lag_clarity = self._clarity(lag_harm, inputs)
+        if lag_clarity == 0.0:
+            return None
+        caught_up = added.all_serving_from.replace(second=0, microsecond=0) + MINUTE
+        after_harm = (
+            source.measure(step.pool, minutes, span=(caught_up, step.end), baseline=baseline_span)
+            if caught_up < step.end
+            else None
+        )
+        after_clarity = 0.0 if after_harm is None else self._clarity(after_harm, inputs)
+        return lag_finding(
+            pool=step.pool,
+            start=step.start,
+            end=end,
+            added=added,
+            lag_harm=lag_harm,
+            after_harm=after_harm,
+            after_clarity=after_clarity,
+            confidence=rise * lag_clarity,
+            step_evidence=evidence,
+        )
+
+    def _evidence(
+        self, step: Step, during: pl.DataFrame, before: pl.DataFrame, harm: SpanHarm
+    ) -> tuple[Evidence, ...]:
+        base = step.baseline_per_min
+        peak = float(during["arrivals"].max())  # type: ignore[arg-type]
+        mean = float(during["arrivals"].mean())  # type: ignore[arg-type]
         queue_p90 = during["queue_p90_s"].drop_nulls().max()
         evidence = [
-            Evidence(
-                "arrivals_per_s", peak / 60.0, "requests_per_s", baseline=baseline_per_min / 60.0
-            ),
+            Evidence("arrivals_per_s", peak / 60.0, "requests_per_s", baseline=base / 60.0),
+            Evidence("mean_arrivals_per_s", mean / 60.0, "requests_per_s", baseline=base / 60.0),
+            Evidence("peak_arrivals_ratio", peak / base, "ratio", baseline=1.0),
+            Evidence("mean_arrivals_ratio", mean / base, "ratio", baseline=1.0),
+            Evidence("step_s", (step.end - step.start).total_seconds(), "s"),
             Evidence(
                 "completions_per_s",
                 float(during["completions"].mean()) / 60.0,  # type: ignore[arg-type]
@@ -241,33 +428,30 @@ class TrafficStepDetector:
             ),
             Evidence(
                 "waiting_requests",
-                float(during["waiting"].max()),  # type: ignore[arg-type]
+                float(during["waiting"].max() or 0.0),  # type: ignore[arg-type]
                 "requests",
                 baseline=float(before["waiting"].median() or 0.0),  # type: ignore[arg-type]
             ),
-            Evidence("backlog_s", backlog_minutes * 60.0, "s"),
-            Evidence("time_to_clear_s", (backlog_end - start).total_seconds(), "s"),
-            Evidence("shed_requests", shed, "count", baseline=0.0),
+            Evidence("shed_requests", float(during["shed"].sum()), "count", baseline=0.0),
+            Evidence("requests", harm.requests, "count", baseline=harm.baseline_requests),
+            Evidence(
+                "bad_requests", harm.bad_requests, "count", baseline=harm.expected_bad_requests
+            ),
+            Evidence("excess_bad_requests", harm.excess_bad_requests, "count", baseline=0.0),
         ]
+        if harm.attainment_ratio is not None:
+            evidence.append(
+                Evidence(
+                    "attainment_ratio",
+                    harm.attainment_ratio,
+                    "ratio",
+                    baseline=harm.baseline_attainment_ratio,
+                )
+            )
+        if harm.ttft_p90_s is not None:
+            evidence.append(
+                Evidence("ttft_p90_s", harm.ttft_p90_s, "s", baseline=harm.baseline_ttft_p90_s)
+            )
         if queue_p90 is not None:
             evidence.append(Evidence("queue_time_p90_s", float(queue_p90), "s"))  # type: ignore[arg-type]
-        return Finding(
-            kind=self.kind,
-            scope_unit=ScopeUnit.POOL,
-            scope=pool,
-            start=start,
-            end=end,
-            confidence=round(confidence, 4),
-            summary=(
-                f"pool {pool or '(none)'}: arrivals stepped from {baseline_per_min / 60:.1f} to "
-                f"{peak / 60:.1f} requests/s at {start:%H:%M}, faster than capacity followed; up "
-                f"to {float(during['waiting'].max()):.0f} requests waited; {outcome}"  # type: ignore[arg-type]
-                + (f" after {(backlog_end - start).total_seconds() / 60:.0f} min" if end else "")
-            ),
-            evidence=tuple(evidence),
-            suggestion=(
-                "keep warm spare replicas (or scale on queue depth and KV use, a leading signal) "
-                "so a step is absorbed within a cold start; shed with a retry-after at the gateway "
-                "rather than queue without bound"
-            ),
-        )
+        return tuple(evidence)
