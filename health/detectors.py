@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from servewatch.health.affinity_loss import AffinityLossDetector
 from servewatch.health.dependency_review import DependencyReview
+from servewatch.health.error_burst import ErrorBurstDetector
 from servewatch.health.finding import Detector, Finding, HealthInputs
 from servewatch.health.finding_scope import ScopeIndex
 from servewatch.health.harm import priced
@@ -22,6 +23,7 @@ from servewatch.health.traffic_step import TrafficStepDetector
 def default_detectors() -> tuple[Detector, ...]:
     return (
         SlowReplicaDetector(),
+        ErrorBurstDetector(),
         KvPressureDetector(),
         AffinityLossDetector(),
         TrafficStepDetector(),
