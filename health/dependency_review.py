@@ -197,7 +197,27 @@ def host_runs_outside_zone_runs(
     return host_runs.join(inside, on=["domain", "start_ts"], how="anti").sort("domain", "start_ts")
 
 
-def _replicas_by(targets: pl.LazyFrame, unit: ScopeUnit) -> dict[str, list[str]]:
+def domain_losses(
+    scrapes: pl.LazyFrame, targets: pl.LazyFrame, *, min_host_targets: int
+) -> tuple[tuple[ScopeUnit, pl.DataFrame], tuple[ScopeUnit, pl.DataFrame]]:
+    """The zone losses and the host losses outside them (`loss_runs` columns, `domain` the
+    zone or host): a host lost with its whole zone is the zone's loss, and a zone on one host
+    is that host's."""
+    target_minutes = failed_target_minutes(scrapes).collect().lazy()
+    host_runs = loss_runs(
+        domain_minutes(target_minutes, targets, domain=ScopeUnit.HOST),
+        min_targets=min_host_targets,
+    )
+    zone_runs = loss_runs(
+        domain_minutes(target_minutes, targets, domain=ScopeUnit.ZONE),
+        min_targets=min_host_targets,
+        min_hosts=2,
+    ).collect()
+    host_runs = host_runs_outside_zone_runs(host_runs, zone_runs.lazy(), targets)
+    return (ScopeUnit.ZONE, zone_runs), (ScopeUnit.HOST, host_runs.collect())
+
+
+def replicas_by(targets: pl.LazyFrame, unit: ScopeUnit) -> dict[str, list[str]]:
     """The replicas on each host or in each zone, sorted."""
     rows = (
         targets.filter(pl.col("replica").is_not_null() & ~_blank(unit.value))
@@ -281,21 +301,9 @@ class DependencyReview:
         ]
 
     def _losses(self, scrapes: pl.LazyFrame, targets: pl.LazyFrame) -> list[Finding]:
-        target_minutes = failed_target_minutes(scrapes).collect().lazy()
-        host_runs = loss_runs(
-            domain_minutes(target_minutes, targets, domain=ScopeUnit.HOST),
-            min_targets=self.min_host_targets,
-        )
-        # A zone on one host is that host: its loss is reported at host scope.
-        zone_runs = loss_runs(
-            domain_minutes(target_minutes, targets, domain=ScopeUnit.ZONE),
-            min_targets=self.min_host_targets,
-            min_hosts=2,
-        ).collect()
-        host_runs = host_runs_outside_zone_runs(host_runs, zone_runs.lazy(), targets)
         findings = []
-        for unit, runs in ((ScopeUnit.ZONE, zone_runs), (ScopeUnit.HOST, host_runs.collect())):
-            replicas = _replicas_by(targets, unit)
+        for unit, runs in domain_losses(scrapes, targets, min_host_targets=self.min_host_targets):
+            replicas = replicas_by(targets, unit)
             findings += [
                 self._loss(unit, row, replicas.get(row["domain"], []))
                 for row in runs.iter_rows(named=True)

@@ -13,6 +13,7 @@ from servewatch.health.finding import Detector, Finding, HealthInputs
 from servewatch.health.finding_scope import ScopeIndex
 from servewatch.health.harm import priced
 from servewatch.health.kv_pressure import KvPressureDetector
+from servewatch.health.loss_overload import LossOverloadDetector
 from servewatch.health.rollout_comparison import RolloutComparison
 from servewatch.health.root_cause import grouped
 from servewatch.health.slow_replica import SlowReplicaDetector
@@ -29,6 +30,7 @@ def default_detectors() -> tuple[Detector, ...]:
         TrafficStepDetector(),
         RolloutComparison(),
         DependencyReview(),
+        LossOverloadDetector(),
         StartupDependencyReview(),
     )
 
