@@ -10,14 +10,11 @@ import typer
 
 from servewatch.answers import alerts_answer, described, slo_answer
 from servewatch.cli.app import (
-    DEFAULT_DB,
-    EXIT_BAD_INPUT,
     CliState,
     ConfigOption,
     JsonOption,
     SloOption,
     app,
-    fail,
     instant,
     load_config_or_fail,
     open_store,
@@ -25,6 +22,7 @@ from servewatch.cli.app import (
     slo_app,
     write_file,
 )
+from servewatch.cli.slo_files import slo_specs
 from servewatch.collectors.service_api import ALERTS_PATH, SLO_PATH
 from servewatch.pipeline.instants import format_instant
 from servewatch.render import (
@@ -37,31 +35,11 @@ from servewatch.render import (
     slo_status_table,
 )
 from servewatch.slo.alertmanager import AlertmanagerNotifier
-from servewatch.slo.fields import SpecError
 from servewatch.slo.prometheus_rules import prometheus_rules
-from servewatch.slo.spec import SloSpec
-from servewatch.slo_service import SloSetupError, evaluate, load_specs
+from servewatch.slo_service import evaluate
 from servewatch.store import (
     utc_now,
 )
-
-
-def _slo_specs(
-    state: CliState, slo_files: list[Path] | None, config_path: Path | None
-) -> tuple[SloSpec, ...]:
-    paths = list(slo_files or [])
-    if not paths and config_path is not None:
-        config = load_config_or_fail(config_path)
-        paths = list(config.slo.files)
-        if state.db == DEFAULT_DB:
-            state.db = config.store_path
-    try:
-        specs, notes = load_specs(paths)
-    except (SloSetupError, SpecError) as exc:
-        raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
-    for note in notes:
-        err_console.print(labelled("note:", note))
-    return specs
 
 
 @slo_app.command("status")
@@ -79,7 +57,7 @@ def slo_status_command(
     state of every SLO, exact from per-minute good and total counts. A period without events
     says "no data". The output names the instant evaluated and why."""
     state = ctx.ensure_object(CliState)
-    specs = _slo_specs(state, slo, config)
+    specs = slo_specs(state, slo, config, required=True)
     moment = instant(at, "--at")
     # While `run` holds the store it answers for the SLOs of its own configuration, by name.
     asked = {"slo": [s.name for s in specs], **({} if at is None else {"at": at})}
@@ -118,7 +96,7 @@ def slo_rules_command(
     (error ratios per window from vLLM's histograms and counters, or from `servewatch run`'s
     event counters for traced SLOs; promtool-valid)."""
     state = ctx.ensure_object(CliState)
-    specs = _slo_specs(state, slo, config)
+    specs = slo_specs(state, slo, config, required=True)
     rules = prometheus_rules(specs, service_counters=service_counters)
     write_file(out, rules.to_yaml(), what="the rule file")
     if as_json:
@@ -143,7 +121,7 @@ def slo_evaluate_command(
     """One alert evaluation (what `servewatch run` does every minute): state changes are
     recorded in the store and sent to Alertmanager when a URL is given."""
     state = ctx.ensure_object(CliState)
-    specs = _slo_specs(state, slo, config)
+    specs = slo_specs(state, slo, config, required=True)
     moment = instant(at, "--at") or utc_now()
     url = alertmanager
     if url is None and config is not None:

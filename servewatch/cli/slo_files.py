@@ -16,19 +16,25 @@ DEFAULT_CONFIG = Path("servewatch.toml")
 
 
 def slo_specs(
-    state: CliState, slo_files: list[Path] | None, config_path: Path | None
+    state: CliState,
+    slo_files: list[Path] | None,
+    config_path: Path | None,
+    *,
+    required: bool = False,
 ) -> tuple[SloSpec, ...]:
-    """The SLOs of --slo, else of the config's [slo] files; none when neither names any. A
-    config read here also names the store when --db was left at its default."""
+    """The SLOs of --slo, else of the config's [slo] files (./servewatch.toml when present
+    and not `required`); none when neither names any, an error naming both when `required`.
+    A config read here also names the store when --db was left at its default."""
     paths = list(slo_files or [])
     if not paths:
-        path = config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+        default = None if required or not DEFAULT_CONFIG.is_file() else DEFAULT_CONFIG
+        path = config_path or default
         if path is not None:
             config = load_config_or_fail(path)
             paths = list(config.slo.files)
             if state.db == DEFAULT_DB:
                 state.db = config.store_path
-    if not paths:
+    if not paths and not required:
         return ()
     try:
         specs, notes = load_specs(paths)
