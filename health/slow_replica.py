@@ -34,12 +34,13 @@ the same curve and held against the peers' traced minutes the same way; the head
 `min_traced_minutes` have one, else of the ITL histogram mean's. Both are exact means of the
 same decode time; the finding names the one it reports.
 
-Failure domains. Host and zone losses are read from the scrapes as `health.dependency_review`
-finds them. From a loss's first failed minute to `recovery_minutes` after its replicas answer
-again, a pool that had replicas in the lost domain is in that loss's regime: its survivors are
-compared only with each other, in the same minutes, so survivors the loss overloaded alike are
-not slow. A survivor slower than the other survivors at the same batch is reported, but never
-to be ejected while the pool is short of the lost capacity.
+Failure domains. Host and zone losses are read from the scrapes by
+`dependency_review.domain_losses`, as the dependency review reports them. From a loss's first
+failed minute to `recovery_minutes` after its replicas answer again, a pool that had replicas
+in the lost domain is in that loss's regime: its survivors are compared only with each other,
+in the same minutes, so survivors the loss overloaded alike are not slow (`health.loss_overload`
+says they are overloaded). A survivor slower than the other survivors at the same batch is
+reported, but never to be ejected while the pool is short of the lost capacity.
 
 Confidence is one minus a binomial tail: how unlikely it is that a replica behaving like its
 peers would have this many slow minutes among the episode's minutes, given how often the
@@ -55,12 +56,7 @@ from typing import Any
 
 import polars as pl
 
-from servewatch.health.dependency_review import (
-    domain_minutes,
-    failed_target_minutes,
-    loss_runs,
-    window_targets,
-)
+from servewatch.health.dependency_review import domain_losses, window_targets
 from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes
 from servewatch.health.finding import (
     Evidence,
@@ -264,18 +260,14 @@ class SlowReplicaDetector:
         scrapes = inputs.scrapes.filter(
             (pl.col("ts") >= inputs.start) & (pl.col("ts") < inputs.end)
         )
-        target_minutes = failed_target_minutes(scrapes)
         placed = replica_pools(inputs.dimensions)
         regimes = []
-        for unit, min_hosts in ((ScopeUnit.HOST, 1), (ScopeUnit.ZONE, 2)):
-            runs = loss_runs(
-                domain_minutes(target_minutes, targets, domain=unit),
-                min_targets=self.min_host_targets,
-                min_hosts=min_hosts,
-            )
+        for unit, runs in domain_losses(scrapes, targets, min_host_targets=self.min_host_targets):
             pools = placed.select(pl.col(unit.value).alias("domain"), "pool").unique()
             regimes.append(
-                runs.join(pools, on="domain", how="inner").select(
+                runs.lazy()
+                .join(pools, on="domain", how="inner")
+                .select(
                     "pool",
                     domain=pl.lit(f"{unit.value} ") + pl.col("domain"),
                     regime_start_ts=pl.col("start_ts"),
