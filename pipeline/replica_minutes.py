@@ -3,7 +3,10 @@ increments and latency-histogram quantiles, each by replica and minute, with the
 
 Everything is bucketed the way `pipeline.metric_sli.counter_minutes` buckets counters: a
 sample belongs to the minute it was taken in (`ts` truncated to the minute), so gauges,
-counters and quantiles of one replica-minute describe the same samples. Only minutes in
+counters and quantiles of one replica-minute describe the same samples. A histogram's exact
+mean per minute (the increase of its `_sum` over that of its `_count`) is there beside its
+interpolated quantiles: within one of vLLM's coarse buckets a quantile is a guess, the mean
+is not. Only minutes in
 [start, end) are kept; a counter's first increment needs a sample before `start`.
 """
 
@@ -116,4 +119,37 @@ def quantile_minutes(
         .filter(pl.col("quantile").is_finite())
         .select("replica", "minute_ts", pl.col("quantile").alias(name))
         .pipe(_in_window, start=start, end=end)
+    )
+
+
+def histogram_mean_minutes(
+    points: pl.LazyFrame,
+    dimensions: pl.LazyFrame,
+    *,
+    signal: Signal,
+    name: str,
+    count_name: str,
+    start: datetime,
+    end: datetime,
+) -> pl.LazyFrame:
+    """Columns replica, minute_ts, `count_name`, `name`: how many observations a histogram
+    took in each replica-minute and their exact mean (the `_sum` increase over the `_count`
+    increase); minutes without observations are left out."""
+    total, count = (
+        counter_increase_minutes(
+            points,
+            dimensions,
+            signal=signal,
+            name=column,
+            metric_suffix=suffix,
+            start=start,
+            end=end,
+        )
+        for column, suffix in (("_total", "_sum"), (count_name, "_count"))
+    )
+    return (
+        count.join(total, on=["replica", "minute_ts"], how="inner")
+        .filter(pl.col(count_name) > 0)
+        .with_columns((pl.col("_total") / pl.col(count_name)).alias(name))
+        .drop("_total")
     )
