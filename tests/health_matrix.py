@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from enum import Enum
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -47,7 +48,7 @@ LEAST, AFFINITY = RouterPolicy.LEAST_LOADED, RouterPolicy.PREFIX_AFFINITY
 NORMAL_RPS, HOT_RPS = 1.0, 1.6
 
 
-class Load:
+class Load(Enum):
     POISSON = "poisson"
     DIURNAL = "diurnal"
     BURSTY = "bursty"
@@ -72,7 +73,7 @@ class Case:
     replicas: int
     router: RouterPolicy
     rate_rps_per_replica: float = NORMAL_RPS
-    load: str = Load.POISSON
+    load: Load = Load.POISSON
     failures: tuple[FailureSpec, ...] = ()
     steps: tuple[RateStep, ...] = ()
     expected: tuple[Expected, ...] = ()
@@ -80,7 +81,6 @@ class Case:
     seed: int = 7
     # What the finding's magnitude must read, for slow replicas: (low, high) slowdown.
     slowdown_range: tuple[float, float] | None = None
-    tags: tuple[str, ...] = field(default=())
 
     def topology(self) -> TopologySpec:
         """Two zones; hosts of two replicas up to 8 replicas, of four above."""
@@ -183,6 +183,7 @@ def _cases() -> Iterator[Case]:
         ("errors-80-least", 6, LEAST, 0.8, "strong", 31),
         ("errors-20-affinity", 8, AFFINITY, 0.2, "marginal", 32),
         ("errors-50-affinity-4", 4, AFFINITY, 0.5, "strong", 33),
+        ("errors-10-least", 8, LEAST, 0.1, "marginal", 34),
     ):
         failures, expected = _replica_fault(
             FailureKind.ERROR_BURST, "vllm-2", found=FindingKind.ERROR_BURST, error_ratio=ratio
@@ -198,6 +199,8 @@ def _cases() -> Iterator[Case]:
         )
     for name, n, router, rps, ratio, strength, seed in (
         ("step-x1.65-least-hot", 12, LEAST, HOT_RPS, 1.65, "marginal", 41),
+        # Just past the knee: the engines batch the extra requests and hardly queue.
+        ("step-x1.65-least", 12, LEAST, 1.2, 1.65, "marginal", 45),
         ("step-x2.1-affinity", 6, AFFINITY, NORMAL_RPS, 2.1, "marginal", 42),
         ("step-x2.1-least", 8, LEAST, NORMAL_RPS, 2.1, "marginal", 43),
         ("step-x4-least", 6, LEAST, NORMAL_RPS, 4.0, "strong", 44),
@@ -247,6 +250,7 @@ def _cases() -> Iterator[Case]:
     for name, n, router, factor, strength, seed in (
         ("kv-squeeze-x100-affinity", 6, AFFINITY, 100.0, "strong", 71),
         ("kv-squeeze-x8-least", 6, LEAST, 8.0, "marginal", 72),
+        ("kv-squeeze-x16-least", 6, LEAST, 16.0, "marginal", 73),
     ):
         failures, expected = _replica_fault(
             FailureKind.KV_SQUEEZE, "vllm-3", found=FindingKind.KV_PRESSURE, factor=factor
@@ -430,7 +434,7 @@ def table(results: list[CaseResult]) -> str:
                 slowdown = v.found and evidence(v.found, "slowdown_ratio")
                 read = f"x{slowdown.value:.2f}" if slowdown else "-"
             lines.append(
-                f"| {c.name} | {c.replicas} | {c.router.value} | {c.load}"
+                f"| {c.name} | {c.replicas} | {c.router.value} | {c.load.value}"
                 f"{' hot' if c.rate_rps_per_replica > NORMAL_RPS else ''} | {fault} | "
                 f"{c.magnitude or '-'} | {burned} | {found} | {delay} | {read} | {others} |"
             )
