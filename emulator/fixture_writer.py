@@ -7,6 +7,8 @@ Layout (docs/emulator-outputs.md describes it for readers):
     pages/<kind>/<replica>/<unix_ms>.prom.gz the same for replicas of another engine
                                              (kind sglang, trtllm, tgi or llamacpp)
     pages/dcgm/<host>/<unix_ms>.prom.gz      one DCGM exporter page per host per scrape
+    pages/gateway/<pool>/<unix_ms>.prom.gz   the gateway's endpoint-picker page per scrape,
+                                             only for a fleet with an admission limit
     spans.jsonl.gz                           llm_request spans as OTLP JSON lines
 
 Pages are the exact bytes a live endpoint would serve at that instant (Prometheus text 0.0.4),
@@ -22,19 +24,24 @@ import gzip
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec, host_gpus
+from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
 from servewatch.emulator.engine_pages import EnginePagesObserver
 from servewatch.emulator.fixture_files import FixtureFiles, InlineFixtureFiles, SpanSink
+from servewatch.emulator.fixture_targets import (
+    PAGES_DIR,
+    SAFE_NAME,
+    FixtureError,
+    TargetKind,
+    fleet_targets,
+)
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.gateway_metrics import GatewayMetrics, GatewaySpec
 from servewatch.emulator.records import (
     EngineKind,
     EngineSteps,
@@ -48,147 +55,9 @@ from servewatch.emulator.vllm_metrics import PAGE_CONTENT_TYPE, EngineSettings, 
 FORMAT = "servewatch.fixture"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PAGES_DIR = "pages"
 SPANS_NAME = "spans.jsonl.gz"
 PAGE_SUFFIX = ".prom.gz"
 DEFAULT_SCRAPE_INTERVAL_S = 60.0  # day-long recordings; live scraping keeps 15 s
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-class FixtureError(ValueError):
-    """A fixture folder or its inputs are not what the layout allows."""
-
-
-class TargetKind(Enum):
-    """What serves a target's page: a replica's engine, or a host's DCGM exporter (the kinds
-    servewatch's scrape targets take; both TensorRT-LLM page shapes are `trtllm`)."""
-
-    VLLM = "vllm"
-    DCGM = "dcgm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
-    TGI = "tgi"
-    LLAMACPP = "llamacpp"
-
-
-ENGINE_TARGET_KINDS = {
-    EngineKind.VLLM: TargetKind.VLLM,
-    EngineKind.SGLANG: TargetKind.SGLANG,
-    EngineKind.TRTLLM: TargetKind.TRTLLM,
-    EngineKind.TRTLLM_DYNAMO: TargetKind.TRTLLM,
-    EngineKind.TGI: TargetKind.TGI,
-    EngineKind.LLAMACPP: TargetKind.LLAMACPP,
-}
-
-
-@dataclass(frozen=True)
-class FixtureTarget:
-    """One scrape target of the recorded fleet: `kind/name` is its id and its page folder.
-
-    `engine` is the replica's engine (None for DCGM targets); it tells the two TensorRT-LLM
-    page shapes apart, which share the kind `trtllm`.
-    """
-
-    kind: TargetKind
-    name: str  # the replica for engine targets, the host for DCGM targets
-    host: str
-    zone: str
-    replicas: tuple[str, ...]
-    model: str | None = None
-    pool: str | None = None
-    gpus: int = 1
-    namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
-    # The UUIDs of a replica's whole GPUs, as an operator lists them for replicas that share
-    # a host (empty for DCGM targets and MIG slices, whose UUID is the shared parent's).
-    gpu_uuids: tuple[str, ...] = ()
-
-    @property
-    def replica_label(self) -> str:
-        """The replica as a scraper names it: `<namespace>/<pod>` for a pod."""
-        return self.name if self.namespace is None else f"{self.namespace}/{self.name}"
-
-    engine: EngineKind | None = None
-
-    @property
-    def target_id(self) -> str:
-        return f"{self.kind.value}/{self.name}"
-
-    @property
-    def pages_dir(self) -> str:
-        return f"{PAGES_DIR}/{self.kind.value}/{self.name}"
-
-    def to_json(self) -> dict[str, Any]:
-        labels = {"host": self.host, "zone": self.zone}
-        if self.kind is not TargetKind.DCGM:
-            labels = {"replica": self.replica_label, **labels}
-        out = {
-            "id": self.target_id,
-            "kind": self.kind.value,
-            "job": self.kind.value,
-            "labels": labels,
-            "replicas": list(self.replicas),
-            "model": self.model,
-            "pool": self.pool,
-            "gpus": self.gpus,
-            "pages": self.pages_dir,
-        }
-        if self.gpu_uuids:
-            out["gpu_uuids"] = list(self.gpu_uuids)
-        if self.engine is not None and self.engine is not EngineKind.VLLM:
-            out["engine"] = self.engine.value
-        return out
-
-
-def fleet_targets(placements: Iterable[ReplicaPlacement]) -> list[FixtureTarget]:
-    """A target per replica (of its engine's kind), then a DCGM target per host (hosts in
-    placement order)."""
-    placement_list = list(placements)
-    for placement in placement_list:
-        for what, value in (("replica", placement.replica), ("host", placement.host)):
-            if not _SAFE_NAME.match(value):
-                raise FixtureError(
-                    f"{what} name {value!r} cannot name a page folder: use letters, digits, "
-                    "'.', '_' and '-', starting with a letter or digit"
-                )
-    uuids: dict[str, list[str]] = {}
-    for devices in host_gpus(placement_list).values():
-        for device in devices:
-            if device.gpu_instance is None:
-                uuids.setdefault(device.replica, []).append(device.uuid)
-    targets = [
-        FixtureTarget(
-            kind=ENGINE_TARGET_KINDS[p.engine],
-            name=p.replica,
-            host=p.host,
-            zone=p.zone,
-            replicas=(p.replica,),
-            model=p.model,
-            pool=p.pool,
-            gpus=p.gpus,
-            namespace=p.namespace,
-            gpu_uuids=tuple(uuids.get(p.replica, ())),
-            engine=p.engine,
-        )
-        for p in placement_list
-    ]
-    hosts: dict[str, list[ReplicaPlacement]] = {}
-    for p in placement_list:
-        hosts.setdefault(p.host, []).append(p)
-    for host, on_host in hosts.items():
-        zones = {p.zone for p in on_host}
-        if len(zones) > 1:
-            raise FixtureError(f"host {host!r} is placed in several zones: {sorted(zones)}")
-        targets.append(
-            FixtureTarget(
-                kind=TargetKind.DCGM,
-                name=host,
-                host=host,
-                zone=on_host[0].zone,
-                replicas=tuple(p.replica for p in on_host),
-                gpus=sum(p.gpus for p in on_host),
-            )
-        )
-    return targets
 
 
 def _iso(t_s: float) -> str:
@@ -232,6 +101,7 @@ class FixtureWriter:
         compresslevel: int = 3,
         background: bool = True,
         conversation_ids: bool = False,
+        gateway: GatewaySpec | None = None,
     ) -> None:
         if not (scrape_interval_s > 0 and math.isfinite(scrape_interval_s)):
             raise FixtureError(
@@ -244,7 +114,8 @@ class FixtureWriter:
         if not self.placement_list:
             raise FixtureError("a fixture needs at least one replica placement")
         self.placements = {p.replica: p for p in self.placement_list}
-        self.targets = fleet_targets(self.placement_list)
+        self.targets = fleet_targets(self.placement_list, gateway=gateway)
+        self.gateway = GatewayMetrics(gateway) if gateway is not None else None
         self.start_s = start_s
         self.scrape_interval_s = scrape_interval_s
         self.engine = engine or EngineSettings()
@@ -298,6 +169,11 @@ class FixtureWriter:
             self.vllm.request_finished(record)
         self.spans.request_finished(record)
 
+    # GatewayObserver (the fleet calls it only when it has an admission limit)
+    def gateway_request(self, model: str, error_code: str | None) -> None:
+        if self.gateway is not None:
+            self.gateway.gateway_request(model, error_code)
+
     def _mixed_engine_steps(self, record: EngineSteps) -> None:
         if record.replica in self._engine_replicas:
             self.engines.engine_steps(record)
@@ -323,6 +199,8 @@ class FixtureWriter:
         self.vllm.set_states(snapshot)
         self.engines.set_states(snapshot)
         self.dcgm.sample(at_s, snapshot)
+        if self.gateway is not None:
+            self.gateway.set_states(snapshot)
         stamp = f"{round(at_s * 1000)}{PAGE_SUFFIX}".encode()
         written = 0
         for target, page_dir in zip(self.targets, self._page_dirs, strict=True):
@@ -336,6 +214,8 @@ class FixtureWriter:
             else:
                 if target.kind is TargetKind.DCGM:
                     page = self.dcgm.page(target.name)
+                elif target.kind is TargetKind.GATEWAY and self.gateway is not None:
+                    page = self.gateway.page()
                 else:
                     page = self.engines.page(target.name)
                 if page is None:
@@ -461,6 +341,7 @@ def record_fleet(
         engine=EngineSettings.from_engine(config.engine),
         seed=seed,
         conversation_ids=config.conversation_ids,
+        gateway=GatewaySpec.of(config),
     )
     simulation = FleetSimulation(config, observer=writer, seed=seed, start_s=start_s)
     return record_fixture(
@@ -495,7 +376,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 def iter_pages(folder: Path, target_id: str) -> Iterator[tuple[float, bytes]]:
     """(scrape time in Unix seconds, page bytes) of one target, in time order."""
     kind, _, name = target_id.partition("/")
-    if kind not in {k.value for k in TargetKind} or not _SAFE_NAME.match(name):
+    if kind not in {k.value for k in TargetKind} or not SAFE_NAME.match(name):
         kinds = "|".join(k.value for k in TargetKind)
         raise FixtureError(f"target id {target_id!r} is not <{kinds}>/<name>")
     pages_dir = folder / PAGES_DIR / kind / name

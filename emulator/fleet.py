@@ -11,6 +11,8 @@ any replica sees them when nothing is up (`unroutable_requests`) or their prompt
 max_model_len (`rejected_requests`), as a gateway and vLLM's frontend would, and when the
 gateway's admission limit is exhausted (`shed_requests`, config.admission); none reaches the
 observer, and the source hears of each as refused (a retrying client may send it again).
+With an admission limit, an observer that is also a `GatewayObserver` hears of every request
+that reaches the gateway and what the gateway answered (emulator/gateway_metrics.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from typing import Any, Protocol
 from servewatch.emulator.engine import ReplicaEngine
 from servewatch.emulator.failures import ActionKind, FailureAction, failure_timeline
 from servewatch.emulator.fleet_config import FleetConfig, RouterPolicy, RouterSpec
+from servewatch.emulator.gateway_metrics import (
+    MODEL_SERVER_ERROR,
+    NO_ENDPOINT,
+    SHED,
+    GatewayObserver,
+)
 from servewatch.emulator.records import (
     FinishedReason,
     FinishedRequest,
@@ -228,6 +236,10 @@ class FleetSimulation:
         self._burst = admission.burst if admission is not None else 0.0
         self._tokens = self._burst
         self._tokens_s = start_s
+        # Only a fleet with an admission limit has a gateway page (gateway_metrics.py).
+        self._gateway = (
+            observer if admission is not None and isinstance(observer, GatewayObserver) else None
+        )
         self._max_prompt = config.engine.max_model_len - 1
         for engine in self._engines:
             engine.restart(start_s)
@@ -326,19 +338,28 @@ class FleetSimulation:
         return True
 
     def _route(self, spec: RequestSpec, at_s: float) -> None:
+        gateway = self._gateway
         if self._admit_rps and not self._admitted(at_s):
             self._shed += 1
+            if gateway is not None:
+                gateway.gateway_request(self.config.model, SHED)
             self._refuse(spec, at_s)
             return
         if spec.prompt_tokens > self._max_prompt:
             self._rejected += 1
+            if gateway is not None:
+                gateway.gateway_request(self.config.model, MODEL_SERVER_ERROR)
             self._refuse(spec, at_s)
             return
         i = self._router.choose(spec, self._loads)
         if i is None:
             self._unroutable += 1
+            if gateway is not None:
+                gateway.gateway_request(self.config.model, NO_ENDPOINT)
             self._refuse(spec, at_s)
             return
+        if gateway is not None:
+            gateway.gateway_request(self.config.model, None)
         ratio = self._error_ratio.get(i) if self._error_ratio else None
         if ratio is not None and self._error_rng.random() < ratio:
             record = FinishedRequest(

@@ -1,4 +1,5 @@
-"""Live endpoints of an emulated fleet: each replica's `/metrics` and each host's DCGM page.
+"""Live endpoints of an emulated fleet: each replica's `/metrics`, each host's DCGM page and,
+for a fleet with an admission limit, its gateway's endpoint-picker page.
 
 A replica serves its page in its engine's shape (emulator/engine_pages.py): vLLM's, SGLang's,
 TensorRT-LLM's (at trtllm-serve's own `/prometheus/metrics`, and at `/metrics` too), TGI's or
@@ -30,7 +31,10 @@ from prometheus_client.exposition import generate_latest, gzip_accepted
 from servewatch.emulator.dcgm_metrics import PAGE_CONTENT_TYPE as DCGM_CONTENT_TYPE
 from servewatch.emulator.dcgm_metrics import DcgmObserver, GpuSpec
 from servewatch.emulator.engine_pages import METRICS_PATH, PAGE_SHAPES, EnginePagesObserver
-from servewatch.emulator.fixture_writer import Simulation, TargetKind, fleet_targets, state_list
+from servewatch.emulator.fixture_targets import TargetKind, fleet_targets
+from servewatch.emulator.fixture_writer import Simulation, state_list
+from servewatch.emulator.gateway_metrics import PAGE_CONTENT_TYPE as GATEWAY_CONTENT_TYPE
+from servewatch.emulator.gateway_metrics import GatewayMetrics, GatewaySpec
 from servewatch.emulator.records import (
     EngineKind,
     EngineSteps,
@@ -54,13 +58,14 @@ class LiveTarget:
     """One served endpoint and the labels a scraper should attach to it."""
 
     kind: TargetKind
-    name: str  # replica (engine targets) or host (DCGM)
+    name: str  # replica (engine targets), host (DCGM) or the gateway's name
     host: str
     zone: str
     port: int
     namespace: str | None = None  # a vLLM replica that is a Kubernetes pod of this namespace
     path: str = METRICS_PATH  # where the page is (the engine's own path)
     gpu_uuids: tuple[str, ...] = ()  # a replica's whole GPUs (see FixtureTarget)
+    pool: str | None = None  # the gateway's pool (engine targets' pools are in the config)
 
     @property
     def target_id(self) -> str:
@@ -76,6 +81,9 @@ class LiveTarget:
 
     @property
     def labels(self) -> dict[str, str]:
+        if self.kind is TargetKind.GATEWAY:
+            # On no host: the pool it fronts is what places it.
+            return {"kind": self.kind.value} | ({} if self.pool is None else {"pool": self.pool})
         labels = {"host": self.host, "zone": self.zone}
         if self.kind is not TargetKind.DCGM and self.namespace is not None:
             # As a Kubernetes service discovery relabels a pod: pod and namespace, which
@@ -197,8 +205,10 @@ class LiveFleetServer:
         gpu: GpuSpec | None = None,
         ports: Mapping[str, int] | None = None,
         spans: SpanOutput | None = None,
+        gateway: GatewaySpec | None = None,
     ) -> None:
         placement_list = list(placements)
+        self.gateway = GatewayMetrics(gateway) if gateway is not None else None
         self.engine = engine or EngineSettings()
         self.vllm = VllmMetricsObserver(
             [p for p in placement_list if p.engine is EngineKind.VLLM],
@@ -216,7 +226,7 @@ class LiveFleetServer:
             gpu_memory_utilization=self.engine.gpu_memory_utilization,
         )
         self.spans = spans
-        self._targets = fleet_targets(placement_list)
+        self._targets = fleet_targets(placement_list, gateway=gateway)
         known = {t.target_id for t in self._targets}
         fixed = dict(ports or {})
         unknown = sorted(set(fixed) - known)
@@ -235,6 +245,9 @@ class LiveFleetServer:
             elif target.kind is TargetKind.DCGM:
                 render = self._dcgm_renderer(target.name)
                 content_type = DCGM_CONTENT_TYPE
+            elif target.kind is TargetKind.GATEWAY and self.gateway is not None:
+                render = self.gateway.page
+                content_type = GATEWAY_CONTENT_TYPE
             else:
                 render = self._engine_renderer(target.name)
                 shape = PAGE_SHAPES[target.engine or EngineKind.VLLM]
@@ -275,6 +288,7 @@ class LiveFleetServer:
                 namespace=t.namespace,
                 path=self._paths[t.target_id],
                 gpu_uuids=t.gpu_uuids,
+                pool=t.pool if t.kind is TargetKind.GATEWAY else None,
             )
             for t in self._targets
         ]
@@ -320,6 +334,8 @@ class LiveFleetServer:
                 up = self.vllm.is_up(target.name)
             elif target.kind is TargetKind.DCGM:
                 up = self.dcgm.is_up(target.name)
+            elif target.kind is TargetKind.GATEWAY:
+                up = True  # the gateway outlives every replica behind it
             else:
                 up = self.engines.is_up(target.name)
             if up:
@@ -333,8 +349,15 @@ class LiveFleetServer:
         self.vllm.set_states(snapshot)
         self.engines.set_states(snapshot)
         self.dcgm.sample(now_s, snapshot)
+        if self.gateway is not None:
+            self.gateway.set_states(snapshot)
         with self._lock:
             self._reconcile()
+
+    # GatewayObserver (the fleet calls it only when it has an admission limit)
+    def gateway_request(self, model: str, error_code: str | None) -> None:
+        if self.gateway is not None:
+            self.gateway.gateway_request(model, error_code)
 
     # FleetObserver
     def request_finished(self, record: FinishedRequest) -> None:

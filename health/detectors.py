@@ -11,6 +11,7 @@ from servewatch.health.dependency_review import DependencyReview
 from servewatch.health.error_burst import ErrorBurstDetector
 from servewatch.health.finding import Detector, Finding, HealthInputs
 from servewatch.health.finding_scope import ScopeIndex
+from servewatch.health.gateway_rejection import GatewayRejectionDetector
 from servewatch.health.harm import priced
 from servewatch.health.kv_pressure import KvPressureDetector
 from servewatch.health.loss_overload import LossOverloadDetector
@@ -28,6 +29,7 @@ def default_detectors() -> tuple[Detector, ...]:
         KvPressureDetector(),
         AffinityLossDetector(),
         TrafficStepDetector(),
+        GatewayRejectionDetector(),
         RolloutComparison(),
         DependencyReview(),
         LossOverloadDetector(),

@@ -22,6 +22,9 @@ from servewatch.pipeline.signals import ENGINE_SOURCES as ENGINES
 from servewatch.pipeline.signals import SIGNALS, Aggregation, Signal, Source
 
 ENGINE_SOURCES = (*(source.value for source in ENGINES), Source.DCGM.value)
+# The gateway's series name no replica (its target is a pool's front door); they are kept so
+# that the detectors can read what it refused, and no replica- or signal-keyed read sees them.
+KEPT_SOURCES = (*ENGINE_SOURCES, Source.INFERENCE_GATEWAY.value)
 DIMENSIONS = ("replica", "host", "zone", "pool", "model")
 
 
@@ -64,7 +67,7 @@ def series_dimensions(series: pl.LazyFrame, targets: pl.LazyFrame) -> pl.LazyFra
             model=pl.coalesce(pl.col("target_model"), label("$.model_name")),
         )
         .drop("target_model")
-        .filter(pl.col("source").is_null() | pl.col("source").is_in(ENGINE_SOURCES))
+        .filter(pl.col("source").is_null() | pl.col("source").is_in(KEPT_SOURCES))
     )
     return attribute_series(dimensions)
 

@@ -35,6 +35,7 @@ class Unit(StrEnum):
     BYTES = "bytes"
     BYTES_PER_SECOND = "bytes/s"
     ITEMS = "items"  # multi-modal inputs
+    REPLICAS = "replicas"  # serving replicas (pods)
     FLOPS = "flop"  # floating-point operations
     TOKENS_PER_SECOND = "tokens/s"
     UNIX_TIME = "unix s"  # a point in time, seconds since the epoch
@@ -69,6 +70,9 @@ class Source(StrEnum):
     TGI_SERVER = "tgi_server"
     LLAMACPP_SERVER = "llamacpp_server"
     DCGM = "dcgm"
+    # The endpoint picker of a Gateway API inference gateway (EPP, llm-d): it routes and sheds
+    # requests for a pool, so its counts are the pool's front door, never a replica's.
+    INFERENCE_GATEWAY = "inference_gateway"
 
 
 # Who serves requests: their series are an engine's own (router re-exports are not).
@@ -187,6 +191,24 @@ class Signal(StrEnum):
     GPU_HEALTH_STATUS = "gpu_health_status"  # DCGM health watch: 0 pass, 10 warn, 20 fail
     GPU_CLOCK_EVENTS = "gpu_clock_events"  # samples with a throttle reason, by `clock_event`
     GPU_P2P_STATUS = "gpu_p2p_status"
+    # An inference gateway's endpoint picker, one pool each
+    GATEWAY_REQUESTS = "gateway_requests"
+    GATEWAY_REQUEST_ERRORS = "gateway_request_errors"  # by `error_code`
+    POOL_KV_CACHE_USAGE_RATIO = "pool_kv_cache_usage_ratio"
+    POOL_REQUESTS_WAITING_MEAN = "pool_requests_waiting_mean"
+    POOL_READY_REPLICAS = "pool_ready_replicas"
+
+
+# `error_code`s of `GATEWAY_REQUEST_ERRORS` that mean the gateway refused a request for want of
+# capacity (shed by admission or flow control, a saturated pool, no ready endpoint), not for
+# what the request was. `InferencePoolResourceExhausted` and `ServiceUnavailable` are the
+# endpoint picker's (pkg/epp/util/error); plain `ResourceExhausted` is how flow-control shedding
+# is spelt in some builds (not confirmed in the error util) and is read the same way.
+GATEWAY_REJECTION_CODES: tuple[str, ...] = (
+    "InferencePoolResourceExhausted",
+    "ResourceExhausted",
+    "ServiceUnavailable",
+)
 
 
 @dataclass(frozen=True)
@@ -305,6 +327,13 @@ _SIGNAL_ROWS: tuple[tuple[Signal, Unit, MetricType, Aggregation, str], ...] = (
     (Signal.GPU_HEALTH_STATUS, Unit.CODE, _G, _MAX, "DCGM health: 0 pass, 10 warn, 20 fail"),
     (Signal.GPU_CLOCK_EVENTS, Unit.EVENTS, _G, _SUM, "throttled samples in the window"),
     (Signal.GPU_P2P_STATUS, Unit.CODE, _G, _MAX, "peer-to-peer link status"),
+    # Every request that reached the gateway, admitted or not; the errors are a subset of them.
+    (Signal.GATEWAY_REQUESTS, Unit.REQUESTS, _C, _SUM, "requests the gateway received"),
+    (Signal.GATEWAY_REQUEST_ERRORS, Unit.REQUESTS, _C, _SUM, "gateway errors by error_code"),
+    # The picker's own averages over its pool's replicas: already one reading per pool.
+    (Signal.POOL_KV_CACHE_USAGE_RATIO, Unit.RATIO, _G, _MEAN, "pool's mean KV-cache usage"),
+    (Signal.POOL_REQUESTS_WAITING_MEAN, Unit.REQUESTS, _G, _MEAN, "pool's mean queue per replica"),
+    (Signal.POOL_READY_REPLICAS, Unit.REPLICAS, _G, _MAX, "ready replicas in the pool"),
 )
 
 SIGNALS: Mapping[Signal, SignalSpec] = {

@@ -11,6 +11,7 @@ from typing import Any
 from servewatch.emulator.fixture_writer import record_fleet
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig
+from servewatch.emulator.gateway_metrics import GatewaySpec
 from servewatch.emulator.ground_truth import capacity_for_config, fleet_capacity_for_config
 from servewatch.emulator.live_server import LiveFleetServer, run_live
 from servewatch.emulator.span_output import otlp_http_span_output
@@ -76,6 +77,7 @@ def serve_emulated_fleet(
         started_s=started,
         engine=EngineSettings.from_engine(fleet.engine),
         spans=spans,
+        gateway=GatewaySpec.of(fleet),
     )
     simulation = FleetSimulation(fleet, observer=server, seed=seed, start_s=started)
     server.start()

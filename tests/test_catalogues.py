@@ -33,6 +33,7 @@ from servewatch.collectors.metrics.dcgm_catalogue import (
     canonical_names,
     catalogue_dcgm_frame,
 )
+from servewatch.collectors.metrics.gateway_catalogue import GATEWAY_FAMILIES
 from servewatch.collectors.metrics.llamacpp_catalogue import LLAMACPP_FAMILIES
 from servewatch.collectors.metrics.sglang_catalogue import SGLANG_FAMILIES
 from servewatch.collectors.metrics.tgi_catalogue import TGI_FAMILIES
@@ -559,7 +560,14 @@ def test_a_frame_without_the_sample_columns_is_refused() -> None:
         catalogue_vllm_frame(pl.LazyFrame({"metric": ["x"], "value": [1.0]}))
 
 
-ENGINE_FAMILIES = (VLLM_FAMILIES, SGLANG_FAMILIES, TRTLLM_FAMILIES, TGI_FAMILIES, LLAMACPP_FAMILIES)
+ENGINE_FAMILIES = (
+    VLLM_FAMILIES,
+    SGLANG_FAMILIES,
+    TRTLLM_FAMILIES,
+    TGI_FAMILIES,
+    LLAMACPP_FAMILIES,
+    GATEWAY_FAMILIES,
+)
 
 
 def test_the_docs_list_every_name_the_catalogues_know() -> None:

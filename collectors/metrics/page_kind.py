@@ -3,7 +3,8 @@ the catalogue that reads each kind (`CATALOGUES`).
 
 Every engine and exporter servewatch reads names its families with its own prefix (vLLM
 `vllm:`, DCGM `DCGM_FI_`/`DCGM_EXP_`, SGLang `sglang:`, TensorRT-LLM `trtllm_` and, behind
-Dynamo, `trtllm:`, TGI `tgi_`, llama.cpp `llamacpp:`); pipelines that rewrite `:` to `_` are
+Dynamo, `trtllm:`, TGI `tgi_`, llama.cpp `llamacpp:`, an inference gateway's endpoint picker
+`inference_objective_`/`inference_model_`/`inference_pool_`); pipelines that rewrite `:` to `_` are
 read too. Families without such a prefix (`process_*`, `python_gc_*`, `http_*`) say nothing:
 every Python server has them. A page whose prefixed families all belong to one kind is of that
 kind; a page with none, or with several kinds' families, cannot be told and its error names
@@ -19,6 +20,8 @@ import polars as pl
 
 from servewatch.collectors.metrics.catalogue import Catalogue, family_stem
 from servewatch.collectors.metrics.dcgm_catalogue import DCGM_CATALOGUE
+from servewatch.collectors.metrics.gateway_catalogue import GATEWAY_CATALOGUE
+from servewatch.collectors.metrics.gateway_catalogue import KIND_PREFIXES as GATEWAY_PREFIXES
 from servewatch.collectors.metrics.llamacpp_catalogue import LLAMACPP_CATALOGUE
 from servewatch.collectors.metrics.sglang_catalogue import SGLANG_CATALOGUE
 from servewatch.collectors.metrics.tgi_catalogue import TGI_CATALOGUE
@@ -33,6 +36,7 @@ CATALOGUES: Mapping[TargetKind, Catalogue] = {
     TargetKind.TRTLLM: TRTLLM_CATALOGUE,
     TargetKind.TGI: TGI_CATALOGUE,
     TargetKind.LLAMACPP: LLAMACPP_CATALOGUE,
+    TargetKind.GATEWAY: GATEWAY_CATALOGUE,
 }
 
 # The prefixes each kind's families carry, as exposed.
@@ -43,6 +47,7 @@ KIND_PREFIXES: Mapping[TargetKind, tuple[str, ...]] = {
     TargetKind.TRTLLM: ("trtllm_", "trtllm:"),
     TargetKind.TGI: ("tgi_",),
     TargetKind.LLAMACPP: ("llamacpp:", "llamacpp_"),
+    TargetKind.GATEWAY: GATEWAY_PREFIXES,
 }
 FAMILIES_NAMED = 5  # families an error names, per kind or among the unprefixed
 

@@ -39,6 +39,7 @@ class TargetKind(Enum):
     TRTLLM = "trtllm"
     TGI = "tgi"
     LLAMACPP = "llamacpp"
+    GATEWAY = "gateway"  # an inference gateway's endpoint picker (EPP)
     AUTO = "auto"
 
 
