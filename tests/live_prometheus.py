@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from servewatch.emulator.fixture_writer import fleet_targets
+from servewatch.emulator.fixture_targets import fleet_targets
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig
 from servewatch.emulator.live_server import LiveFleetServer, run_live
