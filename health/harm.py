@@ -5,8 +5,11 @@ the same scope's requests outside the finding's span would give at their bad sha
 budget is `1 - objective_ratio` of every request the window finished.
 
 A loss (host, zone, blocked starts) moves its replicas' requests onto the rest of their pool, so
-its harm is counted over the pools it hit, not over replicas that no longer serve. Without
-traced requests nothing is priced: counters say how many failed, not which met the limits.
+its harm is counted over the pools it hit, not over replicas that no longer serve. Requests the
+gateway refused never reach a replica and are never traced: a gateway rejection adds the
+refusals its own evidence counts (beyond its baseline share) to the traced bad requests.
+Without traced requests nothing is priced: counters say how many failed, not which met the
+limits.
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def priced(findings: list[Finding], inputs: HealthInputs) -> list[Finding]:
     return [_price(f, requests, index, budget=budget, window_end=inputs.end) for f in findings]
 
 
+def _untraced_bad(finding: Finding) -> tuple[float, float]:
+    """Bad requests no trace shows, and how many of them its baseline share would give: a
+    gateway rejection's refusals."""
+    if finding.kind is not FindingKind.GATEWAY_REJECTION:
+        return 0.0, 0.0
+    evidence = {e.name: e for e in finding.evidence}
+    refused, reached = evidence.get("rejected_requests"), evidence.get("gateway_requests")
+    share = evidence.get("rejected_ratio")
+    if refused is None or reached is None:
+        return 0.0, 0.0
+    usual = (share.baseline or 0.0) if share is not None else 0.0
+    return refused.value, reached.value * usual
+
+
 def _scoped(finding: Finding, requests: pl.DataFrame, index: ScopeIndex) -> pl.DataFrame:
     if finding.kind not in POOL_PRICED:
         return index.requests_of(requests.lazy(), finding).collect()
@@ -73,14 +90,15 @@ def _price(
     end = finding.end or window_end
     inside = pl.col("end_ts").is_between(finding.start, end, closed="left")
     during, outside = scoped.filter(inside), scoped.filter(~inside)
-    if during.is_empty():
+    refused, refused_usually = _untraced_bad(finding)
+    if during.is_empty() and refused == 0:
         return finding
-    bad = int(during["bad"].sum())
+    bad = int(during["bad"].sum()) + round(refused)
     # Outside the span the scope's own share; a scope that served nothing else (a replica
     # slow all window) is compared with the window's share.
     reference = outside if outside.height else requests.filter(~inside)
     share = float(reference["bad"].mean()) if reference.height else 0.0  # type: ignore[arg-type]
-    expected = during.height * share
+    expected = during.height * share + refused_usually
     excess = max(0.0, bad - expected)
     spent = excess / budget if budget > 0 else 0.0
     evidence = (

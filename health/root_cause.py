@@ -8,8 +8,8 @@ engineer gets one ticket per cause and acts on the cause, not on its symptoms.
   just after: survivors overloaded or slow under the load the loss moved onto them, KV pressure,
   affinity losses when the lost replicas come back (their caches are cold) or the router's ring
   moves (their peers' conversations move).
-- A traffic step (or the autoscaler lagging behind one) explains the KV pressure, slow decodes
-  and error bursts of its pool while it lasts.
+- A traffic step (or the autoscaler lagging behind one) explains the KV pressure, slow decodes,
+  error bursts and gateway refusals of its pool while it lasts.
 
 A consequence must start within the cause's span, widened by `lead` before it (detectors see a
 cause a minute or two apart) and `tail` after it (a recovery's cold caches). Each consequence
@@ -69,7 +69,12 @@ RULES = (
     CauseRule(
         causes=frozenset({FindingKind.AUTOSCALER_LAG, FindingKind.TRAFFIC_STEP}),
         consequences=frozenset(
-            {FindingKind.KV_PRESSURE, FindingKind.SLOW_REPLICA, FindingKind.ERROR_BURST}
+            {
+                FindingKind.KV_PRESSURE,
+                FindingKind.SLOW_REPLICA,
+                FindingKind.ERROR_BURST,
+                FindingKind.GATEWAY_REJECTION,
+            }
         ),
         lead=timedelta(minutes=3),
         tail=timedelta(minutes=2),

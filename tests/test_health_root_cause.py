@@ -3,12 +3,13 @@ consequences as evidence; each finding's cost in bad requests beyond the usual."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
 
-from servewatch.health.finding import Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
 from servewatch.health.finding_scope import ScopeIndex
 from servewatch.health.harm import priced
 from servewatch.health.root_cause import grouped
@@ -163,3 +164,28 @@ def test_without_traces_nothing_is_priced() -> None:
     inputs = _inputs(pl.DataFrame(schema=REQUESTS_SCHEMA).lazy(), GoodputLimits())
     burst = _finding(FindingKind.ERROR_BURST, ScopeUnit.REPLICA, "vllm-2", 20, 30)
     assert priced([burst], inputs) == [burst]
+
+
+def test_a_gateways_refusals_are_bad_requests_no_trace_shows() -> None:
+    outside = [("vllm-2", m, True, 0.2) for m in range(60) if not 20 <= m < 30]
+    inputs = _inputs(_requests(outside), GoodputLimits())
+    refusing = replace(
+        _finding(FindingKind.GATEWAY_REJECTION, ScopeUnit.POOL, "chat", 20, 30),
+        evidence=(
+            Evidence("rejected_ratio", 0.1, "ratio", baseline=0.01),
+            Evidence("rejected_requests", 100.0, "count"),
+            Evidence("gateway_requests", 1000.0, "count"),
+        ),
+    )
+    (finding,) = priced([refusing], inputs)
+    evidence = {e.name: e for e in finding.evidence}
+    assert evidence["bad_requests"].value == 100
+    assert evidence["bad_requests"].baseline == 10.0
+    assert evidence["excess_bad_requests"].value == 90.0
+
+
+def test_a_steps_gateway_refusals_are_the_step() -> None:
+    step = _finding(FindingKind.TRAFFIC_STEP, ScopeUnit.POOL, "chat", 15, 25)
+    refusing = _finding(FindingKind.GATEWAY_REJECTION, ScopeUnit.POOL, "chat", 16, None)
+    (cause,) = grouped([step, refusing], INDEX, window_end=END)
+    assert cause.consequences == (refusing,)
