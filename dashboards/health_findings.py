@@ -93,14 +93,19 @@ def _number(value: float) -> str:
 
 
 def evidence_text(finding: Finding, *, limit: int = EVIDENCE_SHOWN) -> str:
-    """`name value unit (baseline b)` for the first `limit` evidence numbers."""
+    """`name value unit (baseline b)` for the first `limit` evidence numbers, then the
+    findings it explains (its consequences), by kind and scope."""
     parts = [
         f"{e.name} {_number(e.value)} {e.unit}"
         + ("" if e.baseline is None else f" (baseline {_number(e.baseline)})")
         for e in finding.evidence[:limit]
     ]
     more = len(finding.evidence) - limit
-    return "; ".join(parts) + (f"; {more} more" if more > 0 else "")
+    text = "; ".join(parts) + (f"; {more} more" if more > 0 else "")
+    if finding.consequences:
+        explained = ", ".join(f"{c.kind.value} {c.scope}" for c in finding.consequences)
+        text += f"; explains {explained}"
+    return text
 
 
 def findings_frame(findings: Sequence[Finding]) -> pl.DataFrame:

@@ -9,10 +9,12 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
+from servewatch.dashboards.health_findings import evidence_text
 from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
 from servewatch.health.finding_scope import ScopeIndex
 from servewatch.health.harm import priced
 from servewatch.health.root_cause import grouped
+from servewatch.health_service import finding_json
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 
@@ -189,3 +191,13 @@ def test_a_steps_gateway_refusals_are_the_step() -> None:
     refusing = _finding(FindingKind.GATEWAY_REJECTION, ScopeUnit.POOL, "chat", 16, None)
     (cause,) = grouped([step, refusing], INDEX, window_end=END)
     assert cause.consequences == (refusing,)
+
+
+def test_a_cause_prints_its_consequences_whole_in_json_and_by_name_in_the_report() -> None:
+    loss = _finding(FindingKind.HOST_LOSS, ScopeUnit.HOST, "host-1", 15, 25, 0.99)
+    back = _finding(FindingKind.AFFINITY_LOSS, ScopeUnit.REPLICA, "vllm-2", 25, 28)
+    (cause,) = grouped([loss, back], INDEX, window_end=END)
+    document = finding_json(cause)
+    assert [c["kind"] for c in document["consequences"]] == ["affinity_loss"]
+    assert document["consequences"][0]["consequences"] == []
+    assert evidence_text(cause).endswith("explains affinity_loss vllm-2")

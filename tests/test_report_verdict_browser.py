@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from servewatch.demo import REGRESSED_REPLICA, run_demo
+from servewatch.demo import LOST_HOST, REGRESSED_REPLICA, run_demo
 from tests.conftest import require_program
 from tests.test_dashboards_browser import (
     DevTools,
@@ -171,3 +171,17 @@ def test_not_shown_names_nothing_the_store_holds(page: DevTools) -> None:
     # The demo's replicas share hosts without pods; their targets list their GPUs' UUIDs, so
     # the GPU panels are drawn too.
     assert dom(page, NOT_SHOWN_JS) == []
+
+
+@pytest.mark.slow
+def test_the_demos_findings_name_the_host_loss_and_the_slowed_replicas_true_factor(
+    demo: dict[str, Any],
+) -> None:
+    findings = demo["health_findings"]
+    losses = [f for f in findings if f["kind"] == "host_loss"]
+    assert [(f["scope_unit"], f["scope"]) for f in losses] == [("host", LOST_HOST)], findings
+    (slow,) = [f for f in findings if f["kind"] == "slow_replica"]
+    assert slow["scope"] == REGRESSED_REPLICA
+    slowdown = {e["name"]: e["value"] for e in slow["evidence"]}["slowdown_ratio"]
+    # The demo slows the replica's decode steps twice (servewatch.demo.demo_fleet).
+    assert 1.8 <= slowdown <= 2.2, slow["summary"]
