@@ -44,10 +44,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 
 import polars as pl
 
-from servewatch.health.episodes import MINUTE, episode_end, flagged_episodes
+from servewatch.health.episodes import (
+    MINUTE,
+    binomial_tail,
+    binomial_tail_of,
+    episode_end,
+    flagged_episodes,
+    overlapping,
+)
 from servewatch.health.finding import (
     Evidence,
     Finding,
@@ -60,53 +68,6 @@ from servewatch.pipeline.signals import Signal
 
 _ERROR = "error"
 _ABORT = "abort"
-# Terms of a binomial tail below this share of the running sum no longer change it.
-_NEGLIGIBLE_TERM = 1e-17
-
-
-def binomial_sf(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), summed in log space so that thousands of requests a
-    minute neither overflow `math.comb` nor underflow to 0 before the sum is done."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-    log_n = math.lgamma(n + 1)
-
-    def pmf(i: int) -> float:
-        return math.exp(
-            log_n - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
-        )
-
-    # Above the mode terms fall as i grows, below it as i shrinks: sum the side that starts at
-    # k and stop once terms are negligible.
-    if k > (n + 1) * p:
-        total = 0.0
-        for i in range(k, n + 1):
-            term = pmf(i)
-            total += term
-            if term < _NEGLIGIBLE_TERM * total:
-                break
-        return min(1.0, total)
-    below = 0.0
-    for i in range(k - 1, -1, -1):
-        term = pmf(i)
-        below += term
-        if term < _NEGLIGIBLE_TERM * below:
-            break
-    return min(1.0, max(0.0, 1.0 - below))
-
-
-def _tail(failed: str, finished: str, ratio: str) -> pl.Expr:
-    return pl.struct(failed, finished, ratio).map_elements(
-        lambda row: binomial_sf(round(row[failed]), round(row[finished]), row[ratio]),
-        return_dtype=pl.Float64,
-    )
 
 
 def _has_columns(frame: pl.LazyFrame, columns: Sequence[str]) -> bool:
@@ -264,7 +225,7 @@ class ErrorBurstDetector:
         own_reference = pl.max_horizontal(pl.col("own_ratio").fill_null(0.0), pl.lit(budget))
         minutes = (
             minutes.with_columns(own_reference=own_reference)
-            .with_columns(own_tail=_tail("failed", "finished", "own_reference"))
+            .with_columns(own_tail=binomial_tail_of("failed", "finished", "own_reference"))
             .with_columns(own_burst=self._burst(ratio="own_reference", tail="own_tail"))
         )
         healthy = ~pl.col("lost") & ~pl.col("own_burst")
@@ -290,7 +251,7 @@ class ErrorBurstDetector:
                     pl.col("own_reference"), pl.col("rest_ratio").fill_null(0.0)
                 )
             )
-            .with_columns(tail=_tail("failed", "finished", "reference_ratio"))
+            .with_columns(tail=binomial_tail_of("failed", "finished", "reference_ratio"))
             .with_columns(burst=self._burst(ratio="reference_ratio", tail="tail"))
             .drop("_healthy_finished", "_healthy_failed", "own_reference", "own_tail")
         )
@@ -328,7 +289,7 @@ class ErrorBurstDetector:
             name = str(pool[0])
             replicas = minutes.filter(pl.col("pool") == name)["replica"].n_unique()
             together = max(self.min_pool_replicas, math.ceil(self.pool_share * replicas))
-            for spans in _overlapping(pool_episodes):
+            for spans in overlapping(_spans(pool_episodes), start=itemgetter(1), end=itemgetter(2)):
                 # Together they are one pool finding; otherwise each replica is its own.
                 groups = [spans] if len({s[0] for s in spans}) >= together else [[s] for s in spans]
                 findings.extend(
@@ -401,7 +362,7 @@ class ErrorBurstDetector:
             during.select((pl.col("finished") * pl.col("reference_ratio")).sum()).item()
         )
         tail = (
-            binomial_sf(round(failed), round(finished), reference / finished) if finished else 1.0
+            binomial_tail(round(failed), round(finished), reference / finished) if finished else 1.0
         )
         confidence = 1.0 - min(1.0, tail * max(judged, 1))
 
@@ -463,19 +424,12 @@ class ErrorBurstDetector:
         )
 
 
-def _overlapping(episodes: pl.DataFrame) -> list[list[tuple[str, datetime, datetime]]]:
-    """Episodes as (replica, start, end), grouped where their time spans overlap, chained: one
-    group per run of episodes each overlapping an earlier one of the run."""
-    groups: list[list[tuple[str, datetime, datetime]]] = []
-    reach: datetime | None = None
-    for episode in episodes.sort("start").iter_rows(named=True):
+def _spans(episodes: pl.DataFrame) -> list[tuple[str, datetime, datetime]]:
+    """Episodes as (replica, start, end)."""
+    spans = []
+    for episode in episodes.iter_rows(named=True):
         replica, start, end = str(episode["replica"]), episode["start"], episode["end"]
         if not isinstance(start, datetime) or not isinstance(end, datetime):
             raise TypeError(f"error-burst episode of {replica} without a start or end: {episode}")
-        if reach is not None and start < reach:
-            groups[-1].append((replica, start, end))
-            reach = max(reach, end)
-        else:
-            groups.append([(replica, start, end)])
-            reach = end
-    return groups
+        spans.append((replica, start, end))
+    return spans

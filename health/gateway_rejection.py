@@ -41,8 +41,13 @@ from datetime import datetime
 
 import polars as pl
 
-from servewatch.health.episodes import MINUTE, episode_end, flagged_episodes
-from servewatch.health.error_burst import binomial_sf
+from servewatch.health.episodes import (
+    MINUTE,
+    binomial_tail,
+    binomial_tail_of,
+    episode_end,
+    flagged_episodes,
+)
 from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
 from servewatch.pipeline.replica_minutes import gauge_minutes, replica_pools
 from servewatch.pipeline.signals import GATEWAY_REJECTION_CODES, Signal
@@ -67,13 +72,6 @@ class _Load:
     running_before: float | None
     waiting_before: float | None
     full: bool
-
-
-def _tail(rejected: str, reached: str, ratio: str) -> pl.Expr:
-    return pl.struct(rejected, reached, ratio).map_elements(
-        lambda row: binomial_sf(round(row[rejected]), round(row[reached]), row[ratio]),
-        return_dtype=pl.Float64,
-    )
 
 
 @dataclass(frozen=True)
@@ -190,7 +188,7 @@ class GatewayRejectionDetector:
                 ).then(pl.col("baseline_rejected") / pl.col("baseline_reached"))
             )
             .with_columns(_reference=pl.col("baseline_ratio").fill_null(0.0))
-            .with_columns(tail=_tail("rejected", "reached", "_reference"))
+            .with_columns(tail=binomial_tail_of("rejected", "reached", "_reference"))
             .with_columns(
                 flagged=(
                     (pl.col("rejected") >= self.min_rejected_per_minute)
@@ -318,7 +316,9 @@ class GatewayRejectionDetector:
                 (pl.col("reached") * pl.col("baseline_ratio").fill_null(0.0)).sum()
             ).item()
         )
-        tail = binomial_sf(round(rejected), round(reached), reference / reached) if reached else 1.0
+        tail = (
+            binomial_tail(round(rejected), round(reached), reference / reached) if reached else 1.0
+        )
         confidence = 1.0 - min(1.0, tail * max(judged, 1))
         flagged_minutes = int(during["flagged"].sum())
 

@@ -10,22 +10,19 @@ prefill tokens per step (the iteration-tokens `_sum` less the decode tokens). An
 quantile is never used: the pool's typical step sits inside one of vLLM's coarse ITL buckets,
 where interpolation invents the number.
 
-Load matching. A step costs a fixed part, a part per sequence and a part per prefill token
-(chunked prefill stalls every decoding request), so a replica that is slow holds more requests
-and, with them, a different mix of prefill per step (a x3.0 slowdown compared raw reads 3.3
-to 3.6x). For each replica its pool's step cost is fitted as `itl = a + b * decode_batch + c *
-prefill_tokens_per_step` by least squares over its *peers'* minutes, leaving out minutes more
-than `model_outlier_ratio` off the pool's median in the same minute and then off the first fit
-(neither the replica nor a slow peer bends the curve). Every replica-minute's latency, and
-every peer minute's, is divided by that curve at its own load; the baseline is the median of
-the peers' quotients over their minutes in the same pool, within `neighbourhood_minutes` of
-the minute, with a decode batch within `max_batch_ratio` of its own and in the same loss
-regime (below). The ratio of the two is the minute's slowdown: the curve matches the batch and
-the prefill mix, the peers in the same minutes match whatever else the pool went through then,
-and a median keeps one bad peer out of the baseline. Minutes in which the
-replica preempted are left out: KV pressure slows steps for a reason of its own
-(`health.kv_pressure`). A minute is slow at `ratio_threshold`; slow minutes bridged over gaps
-of up to `max_gap_minutes` form an episode, which needs `min_minutes` slow minutes.
+Load matching. A slow replica holds more requests and, with them, a different prefill mix per
+step (a x3.0 slowdown compared raw reads 3.3 to 3.6x), so latencies are compared at the same
+load through the pool's step cost (`health.step_cost`), fitted for each replica over its
+*peers'* minutes, leaving out minutes more than `model_outlier_ratio` off the pool's median in
+the same minute and then off the first fit (neither the replica nor a slow peer bends it).
+Every minute's latency is divided by that curve at its own load; the baseline is the median of
+the peers' quotients within `neighbourhood_minutes` of the minute, at a decode batch within
+`max_batch_ratio` of its own and in the same loss regime (below). Their ratio is the minute's
+slowdown: the curve matches batch and prefill mix, the peers in the same minutes whatever else
+the pool went through then, and a median keeps one bad peer out of the baseline. Minutes in
+which the replica preempted are left out (`health.kv_pressure` reports them). A minute is slow
+at `ratio_threshold`; slow minutes bridged over gaps of up to `max_gap_minutes` form an
+episode of at least `min_minutes` slow minutes.
 
 Magnitude. Where requests are traced, each replica-minute also gets its traced TPOT (decode
 seconds over decode tokens of the requests decoding in it, vLLM's definition), normalised by
@@ -58,13 +55,8 @@ import polars as pl
 
 from servewatch.health.dependency_review import domain_losses, window_targets
 from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes
-from servewatch.health.finding import (
-    Evidence,
-    Finding,
-    FindingKind,
-    HealthInputs,
-    ScopeUnit,
-)
+from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
+from servewatch.health.step_cost import fit_step_cost, step_cost
 from servewatch.pipeline.replica_minutes import (
     counter_increase_minutes,
     gauge_minutes,
@@ -78,57 +70,6 @@ _MIN_FALSE_ALARM_RATIO = 0.05
 TRACED_TPOT = "traced TPOT"
 ITL_HISTOGRAM_MEAN = "ITL histogram mean"
 _ON = ["replica", "minute_ts"]
-
-
-def step_cost(x1: pl.Expr, x2: pl.Expr) -> pl.Expr:
-    """The fitted step cost (columns a, b, c) at decode batch `x1` and prefill per step `x2`."""
-    return pl.col("a") + pl.col("b") * x1 + pl.col("c") * x2
-
-
-def fit_step_cost(minutes: pl.LazyFrame, *, by: str) -> pl.LazyFrame:
-    """Per `by` group: least-squares `a`, `b`, `c` of itl_mean_s = a + b * decode_batch + c *
-    prefill_tokens_per_step. A negative slope is noise (a step never gets cheaper with more
-    work): it is dropped; a fit without a positive intercept falls back to the mean."""
-    x1 = pl.col("decode_batch")
-    x2 = pl.col("prefill_tokens_per_step")
-    y = pl.col("itl_mean_s")
-
-    def cov(u: pl.Expr, v: pl.Expr) -> pl.Expr:
-        return ((u - u.mean()) * (v - v.mean())).mean()
-
-    moments = minutes.group_by(by).agg(
-        m1=x1.mean(),
-        m2=x2.mean(),
-        my=y.mean(),
-        s11=cov(x1, x1),
-        s22=cov(x2, x2),
-        s12=cov(x1, x2),
-        s1y=cov(x1, y),
-        s2y=cov(x2, y),
-    )
-    s11, s22, s12, s1y, s2y = (pl.col(c) for c in ("s11", "s22", "s12", "s1y", "s2y"))
-    det = s11 * s22 - s12 * s12
-    # Without prefill variation (or without the iteration-tokens histogram) the batch alone.
-    solvable = det > 1e-9 * s11 * s22
-    b = (
-        pl.when(solvable)
-        .then((s22 * s1y - s12 * s2y) / det)
-        .when(s11 > 0)
-        .then(s1y / s11)
-        .otherwise(0.0)
-        .clip(lower_bound=0.0)
-    )
-    c = pl.when(solvable).then((s11 * s2y - s12 * s1y) / det).otherwise(0.0).clip(lower_bound=0.0)
-    fitted = moments.with_columns(b=b, c=c).with_columns(
-        a=pl.col("my") - pl.col("b") * pl.col("m1") - pl.col("c") * pl.col("m2")
-    )
-    sound = pl.col("a") > 0
-    return fitted.select(
-        by,
-        a=pl.when(sound).then("a").otherwise("my"),
-        b=pl.when(sound).then("b").otherwise(0.0),
-        c=pl.when(sound).then("c").otherwise(0.0),
-    )
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 import polars as pl
 
 from servewatch.health.dependency_review import failed_target_minutes, window_targets
+from servewatch.health.episodes import overlapping
 from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
 
 
@@ -96,7 +98,10 @@ class StartupDependencyReview:
         runs = blocked_runs(
             blocked_host_minutes(scrapes, targets), min_minutes=self.min_minutes
         ).collect()
-        return [self._finding(group) for group in _overlapping(runs.to_dicts())]
+        groups = overlapping(
+            runs.to_dicts(), start=itemgetter("start_ts"), end=itemgetter("end_ts")
+        )
+        return [self._finding(group) for group in groups]
 
     def _finding(self, runs: list[dict[str, Any]]) -> Finding:
         hosts = sorted({run["host"] for run in runs})
@@ -139,18 +144,3 @@ class StartupDependencyReview:
                 "help; keep a cached image or model copy on the nodes to start without it"
             ),
         )
-
-
-def _overlapping(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Runs grouped where their spans overlap (sorted by start), an ongoing run reaching on."""
-    groups: list[list[dict[str, Any]]] = []
-    reach: datetime | None = None
-    for run in runs:
-        run_end = run["end_ts"] or datetime.max
-        if groups and reach is not None and run["start_ts"] < reach:
-            groups[-1].append(run)
-            reach = max(reach, run_end)
-        else:
-            groups.append([run])
-            reach = run_end
-    return groups

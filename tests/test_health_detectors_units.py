@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes
+from servewatch.health.episodes import binomial_tail, episode_end, flagged_episodes, overlapping
 from servewatch.health.finding import FindingKind, HealthInputs, ScopeUnit
 from servewatch.health.kv_pressure import KvPressureDetector
 from servewatch.pipeline.signals import Signal
@@ -123,3 +123,23 @@ def test_preemptions_at_low_usage_are_not_pool_pressure() -> None:
     usage = [0.3] * 40
     counter = [float(i) for i in range(40)]
     assert KvPressureDetector().detect(_kv_inputs(usage, counter)) == []
+
+
+def test_overlapping_spans_chain_into_groups_and_an_ongoing_one_reaches_on() -> None:
+    at = datetime(2026, 11, 19)
+
+    def span(
+        name: str, start_min: int, end_min: int | None
+    ) -> tuple[str, datetime, datetime | None]:
+        end = None if end_min is None else at + timedelta(minutes=end_min)
+        return (name, at + timedelta(minutes=start_min), end)
+
+    a, b, c, d, e = (
+        span("a", 0, 10),
+        span("b", 5, 20),  # overlaps a
+        span("c", 15, 16),  # overlaps b, not a: chained into the same group
+        span("d", 20, None),  # starts where b ends: a group of its own, ongoing
+        span("e", 90, 95),  # within d's reach
+    )
+    groups = overlapping([e, c, a, d, b], start=lambda s: s[1], end=lambda s: s[2])
+    assert groups == [[a, b, c], [d, e]]

@@ -19,8 +19,8 @@ from servewatch.health.slow_replica import (
     ITL_HISTOGRAM_MEAN,
     TRACED_TPOT,
     SlowReplicaDetector,
-    fit_step_cost,
 )
+from servewatch.health.step_cost import fit_step_cost
 from servewatch.pipeline.replica_minutes import gauge_minutes
 from servewatch.pipeline.signals import Signal
 from servewatch.pipeline.tables import REQUESTS_SCHEMA, SCRAPES_SCHEMA, TARGETS_SCHEMA

@@ -72,7 +72,10 @@ def test_scheme_and_metrics_path_labels() -> None:
         ),
         (
             '[{"targets": ["a:1"], "labels": {"kind": "triton"}}]',
-            "label kind is 'triton'; allowed: vllm, dcgm, sglang, trtllm, tgi, llamacpp, auto",
+            (
+                "label kind is 'triton'; allowed: vllm, dcgm, sglang, trtllm, tgi, llamacpp, "
+                "gateway, auto"
+            ),
         ),
         (
             '[{"targets": ["a:1"], "labels": {"kind": "vllm", "gpus": "two"}}]',
