@@ -21,7 +21,7 @@ import polars as pl
 
 from servewatch.health.finding import Evidence, Finding, FindingKind, HealthInputs, ScopeUnit
 from servewatch.health.finding_scope import ScopeIndex
-from servewatch.pipeline.request_sli import with_good, with_tpot
+from servewatch.pipeline.request_sli import with_bad
 
 # Findings whose replicas stop serving: their harm lands on the rest of the pool.
 POOL_PRICED = frozenset(
@@ -35,14 +35,7 @@ def bad_requests(inputs: HealthInputs) -> pl.DataFrame:
     requests = inputs.requests.filter(
         (pl.col("end_ts") >= inputs.start) & (pl.col("end_ts") < inputs.end)
     )
-    if inputs.limits.is_empty:
-        return requests.with_columns(bad=~pl.col("ok").fill_null(value=False)).collect()
-    return (
-        requests.pipe(with_tpot)
-        .pipe(with_good, limits=inputs.limits)
-        .with_columns(bad=~pl.col("good"))
-        .collect()
-    )
+    return requests.pipe(with_bad, limits=inputs.limits).collect()
 
 
 def priced(findings: list[Finding], inputs: HealthInputs) -> list[Finding]:

@@ -25,7 +25,7 @@ import polars as pl
 from servewatch.health.finding import HealthInputs
 from servewatch.pipeline.metric_sli import counter_minutes
 from servewatch.pipeline.promql import histogram_quantile_frame
-from servewatch.pipeline.request_sli import with_good, with_tpot
+from servewatch.pipeline.request_sli import with_bad
 from servewatch.pipeline.signals import Signal
 
 # Quantiles from fewer successful requests are too coarse to compare.
@@ -129,15 +129,14 @@ class HarmRule:
 def traced_requests(inputs: HealthInputs, pools: pl.LazyFrame) -> pl.DataFrame:
     """Traced requests with pool (the replica's, else the span's), arrival_ts, ok, bad and
     ttft_s; empty when nothing is traced."""
-    requests = inputs.requests
-    good = with_good(with_tpot(requests), limits=inputs.limits)
     return (
-        good.join(pools.rename({"pool": "replica_pool"}), on="replica", how="left")
+        inputs.requests.pipe(with_bad, limits=inputs.limits)
+        .join(pools.rename({"pool": "replica_pool"}), on="replica", how="left")
         .select(
             pool=pl.coalesce("replica_pool", "pool").fill_null(""),
             arrival_ts=pl.col("arrival_ts"),
             ok=pl.col("ok").fill_null(value=False),
-            bad=(~pl.col("ok").fill_null(value=False)) | ~pl.col("good").fill_null(value=True),
+            bad="bad",
             ttft_s=pl.col("ttft_s"),
         )
         .collect()

@@ -72,6 +72,17 @@ def with_good(requests: pl.LazyFrame, *, limits: GoodputLimits) -> pl.LazyFrame:
     return requests.with_columns(good=condition.fill_null(value=False))
 
 
+def with_bad(requests: pl.LazyFrame, *, limits: GoodputLimits) -> pl.LazyFrame:
+    """Add `bad`: the request failed, or missed a goodput limit (adds `tpot_s` and `good`;
+    with no limits only failures are bad)."""
+    failed = ~pl.col("ok").fill_null(value=False)
+    return (
+        requests.pipe(with_tpot)
+        .pipe(with_good, limits=limits)
+        .with_columns(bad=failed | ~pl.col("good").fill_null(value=True))
+    )
+
+
 def with_window(requests: pl.LazyFrame, *, window_s: float | None = None) -> pl.LazyFrame:
     """Add `window_s`: the given length, else first arrival to last completion of all rows."""
     if window_s is not None:
