@@ -45,4 +45,5 @@ def examine(inputs: HealthInputs, detectors: Sequence[Detector] | None = None) -
         for d in (default_detectors() if detectors is None else detectors)
         for f in d.detect(inputs)
     ]
-    return grouped(priced(found, inputs), ScopeIndex.of(inputs), window_end=inputs.end)
+    index = ScopeIndex.of(inputs)
+    return grouped(priced(found, inputs, index=index), index, window_end=inputs.end)

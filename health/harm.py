@@ -38,12 +38,11 @@ def bad_requests(inputs: HealthInputs) -> pl.DataFrame:
     return requests.pipe(with_bad, limits=inputs.limits).collect()
 
 
-def priced(findings: list[Finding], inputs: HealthInputs) -> list[Finding]:
+def priced(findings: list[Finding], inputs: HealthInputs, *, index: ScopeIndex) -> list[Finding]:
     """Each finding with its harm as evidence and in its summary (unchanged without traces)."""
     requests = bad_requests(inputs)
     if requests.is_empty():
         return findings
-    index = ScopeIndex.of(inputs)
     budget = (1.0 - inputs.objective_ratio) * requests.height
     return [_price(f, requests, index, budget=budget, window_end=inputs.end) for f in findings]
 

@@ -149,7 +149,7 @@ def test_a_findings_harm_is_its_bad_requests_beyond_the_usual(
     during = [("vllm-2", 20 + i % 10, i >= 10, 2.0 if i < 15 else 0.2) for i in range(20)]
     inputs = _inputs(_requests(outside + during), limits)
     burst = _finding(FindingKind.ERROR_BURST, ScopeUnit.REPLICA, "vllm-2", 20, 30)
-    (finding,) = priced([burst], inputs)
+    (finding,) = priced([burst], inputs, index=INDEX)
     evidence = {e.name: e for e in finding.evidence}
     assert evidence["bad_requests"].value == bad_during
     share = 1 / len(outside)
@@ -165,7 +165,7 @@ def test_a_findings_harm_is_its_bad_requests_beyond_the_usual(
 def test_without_traces_nothing_is_priced() -> None:
     inputs = _inputs(pl.DataFrame(schema=REQUESTS_SCHEMA).lazy(), GoodputLimits())
     burst = _finding(FindingKind.ERROR_BURST, ScopeUnit.REPLICA, "vllm-2", 20, 30)
-    assert priced([burst], inputs) == [burst]
+    assert priced([burst], inputs, index=INDEX) == [burst]
 
 
 def test_a_gateways_refusals_are_bad_requests_no_trace_shows() -> None:
@@ -179,7 +179,7 @@ def test_a_gateways_refusals_are_bad_requests_no_trace_shows() -> None:
             Evidence("gateway_requests", 1000.0, "count"),
         ),
     )
-    (finding,) = priced([refusing], inputs)
+    (finding,) = priced([refusing], inputs, index=INDEX)
     evidence = {e.name: e for e in finding.evidence}
     assert evidence["bad_requests"].value == 100
     assert evidence["bad_requests"].baseline == 10.0
