@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
+from servewatch.collectors.scrape.shards import SHARD_FORM, Shard
 from servewatch.collectors.scrape.targets import (
     TARGET_FIELDS,
     Target,
@@ -38,6 +39,7 @@ class ScrapeSettings:
     keep_uncatalogued: bool = True
     drop: DropRules = field(default_factory=DropRules)  # families not to store
     failing_after: int = 3  # failed scrapes in a row before a target counts as failing
+    shard: Shard = field(default_factory=Shard)  # which targets this collector scrapes
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,18 @@ def _drop_rules(section: _Section) -> DropRules:
         raise ConfigError(str(exc)) from exc
 
 
+def _shard(section: _Section) -> Shard:
+    value = section.raw("shard")
+    if value is None:
+        return Shard()
+    if not isinstance(value, str):
+        raise section.fail("shard", f"must be a string {SHARD_FORM}, got {value!r}")
+    try:
+        return Shard.parse(value)
+    except ValueError as exc:
+        raise section.fail("shard", str(exc)) from exc
+
+
 def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     where = str(source) if source else "configuration"
     root = _Section(data, where=where)
@@ -184,6 +198,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
         keep_uncatalogued=scrape_section.flag("keep_uncatalogued", default=True),
         drop=_drop_rules(scrape_section),
         failing_after=scrape_section.whole("failing_after", default=3, minimum=1),
+        shard=_shard(scrape_section),
     )
     scrape_section.done()
     if scrape.timeout_s > scrape.interval_s:
@@ -290,5 +305,7 @@ def parse_config(data: Mapping[str, Any], *, source: Path | None) -> Config:
     )
 
 
-def load_config(path: Path) -> Config:
-    return parse_config(read_toml(path, error=ConfigError), source=path)
+def load_config(path: Path, *, shard: Shard | None = None) -> Config:
+    """The file's configuration; `shard` (the `--shard` option) in place of `scrape.shard`."""
+    config = parse_config(read_toml(path, error=ConfigError), source=path)
+    return config if shard is None else replace(config, scrape=replace(config.scrape, shard=shard))

@@ -2,7 +2,9 @@
 
 `servewatch scrape --once` fetches one round (every target at once); `servewatch scrape` and
 `servewatch run` scrape each target on its own schedule (collectors/scrape/loop.py) and hand
-pages to the store writer in batches through `PageBatcher`.
+pages to the store writer in batches through `PageBatcher`. Each of them scrapes only its
+shard's targets (`scrape.shard`, collectors/scrape/shards.py), chosen afresh from the whole
+list whenever the targets are resolved again.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from servewatch.collectors.scrape.loop import (
 )
 from servewatch.collectors.scrape.schedule import schedule_for
 from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_target
+from servewatch.collectors.scrape.shards import ShardSelection, select_shard
 from servewatch.collectors.scrape.targets import FileSdSource, Target, merge_targets
 from servewatch.collectors.store_writer import StoreWriter
 from servewatch.config import Config, ScrapeSettings
-from servewatch.store import Store
+from servewatch.store import Clock, Store, utc_now
 
 log = logging.getLogger("servewatch.targets")
 LISTED_FAILING = 10  # failing targets named in a health answer; the rest are counted
@@ -60,7 +63,9 @@ class _Streak:
 
 @dataclass(frozen=True)
 class HealthAnswer:
-    """What `/healthz` says: `ok` is false when no target answered."""
+    """What `/healthz` says: `ok` is false when no target answered. The first line is the
+    verdict; a second says which shard this is and what it kept, once targets are followed
+    through `follow`."""
 
     ok: bool
     text: str
@@ -77,6 +82,7 @@ class TargetHealth:
         self._lock = threading.Lock()
         self._streaks: dict[str, _Streak] = {}
         self._none_answered = False
+        self._selection: ShardSelection | None = None
 
     def keep(self, targets: Sequence[Target]) -> None:
         """Follow these targets; forget the streaks of any others."""
@@ -84,6 +90,13 @@ class TargetHealth:
             self._streaks = {
                 t.target_id: self._streaks.get(t.target_id) or _Streak(t) for t in targets
             }
+
+    def follow(self, selection: ShardSelection) -> None:
+        """Follow the targets a shard kept (only those are scraped, so only those can fail),
+        and say in `answer` which shard this is and how many of the listed targets it kept."""
+        self.keep(selection.kept)
+        with self._lock:
+            self._selection = selection
 
     def record(self, result: ScrapeResult) -> None:
         with self._lock:
@@ -127,8 +140,10 @@ class TargetHealth:
         with self._lock:
             failing = self._failing()
             total = len(self._streaks)
+            selection = self._selection
+        shard = "" if selection is None else f"\n{selection.summary()}"
         if not failing:
-            return HealthAnswer(ok=True, text="ok")
+            return HealthAnswer(ok=True, text=f"ok{shard}")
         listed = "; ".join(
             f"{_name(s.target, url=False)} ({s.error})" for s in failing[:LISTED_FAILING]
         )
@@ -136,8 +151,8 @@ class TargetHealth:
             listed += f"; {len(failing) - LISTED_FAILING} more"
         summary = f"{len(failing)} of {total} targets failing: {listed}"
         if len(failing) == total:
-            return HealthAnswer(ok=False, text=f"no target answered: {summary}")
-        return HealthAnswer(ok=True, text=f"degraded: {summary}")
+            return HealthAnswer(ok=False, text=f"no target answered: {summary}{shard}")
+        return HealthAnswer(ok=True, text=f"degraded: {summary}{shard}")
 
     def _failing(self) -> list[_Streak]:
         return [s for s in self._streaks.values() if s.failures >= self.failing_after]
@@ -152,6 +167,12 @@ def _name(target: Target, *, url: bool = True) -> str:
 def resolve_targets(config: Config) -> tuple[list[Target], list[str]]:
     """The configured targets, read once (see `TargetResolver`)."""
     return TargetResolver().resolve(config)
+
+
+def shard_targets(targets: Sequence[Target], settings: ScrapeSettings) -> ShardSelection:
+    """The targets this collector's shard scrapes out of all those listed (every target when
+    the configuration names no shard)."""
+    return select_shard(targets, settings.shard)
 
 
 def scheduled_targets(targets: Sequence[Target], settings: ScrapeSettings) -> list[ScheduledTarget]:
@@ -234,22 +255,26 @@ def page_of(result: ScrapeResult) -> Page:
     )
 
 
-async def fetch_results(targets: list[Target], settings: ScrapeSettings) -> list[ScrapeResult]:
-    """Every target once, concurrently, each with its own client and timeout."""
+async def fetch_results(
+    targets: Sequence[Target], settings: ScrapeSettings, *, now: Clock = utc_now
+) -> list[ScrapeResult]:
+    """Every target once, concurrently, each with its own client and timeout; `now` stamps
+    each scrape's start."""
 
     async def fetch(entry: ScheduledTarget) -> ScrapeResult:
         async with default_client() as client:
             return await scrape_target(
-                entry.target, client=client, timeout_s=entry.schedule.timeout_s
+                entry.target, client=client, timeout_s=entry.schedule.timeout_s, now=now
             )
 
     return list(await asyncio.gather(*(fetch(e) for e in scheduled_targets(targets, settings))))
 
 
 def scrape_round(
-    targets: list[Target], *, store: Store, settings: ScrapeSettings
+    targets: Sequence[Target], *, store: Store, settings: ScrapeSettings, now: Clock = utc_now
 ) -> MetricIngestReport:
-    results = asyncio.run(fetch_results(targets, settings))
+    """One scrape of each of `targets` (already this shard's) into the store."""
+    results = asyncio.run(fetch_results(targets, settings, now=now))
     return ingest_pages(
         [page_of(r) for r in results],
         store=store,
@@ -276,10 +301,12 @@ def scrape_until(
     stop: threading.Event,
     on_report: Callable[[MetricIngestReport], None],
     on_problem: Callable[[str], None],
+    on_targets: Callable[[ShardSelection], None] = lambda _: None,
     targets_every_s: float = 30.0,
 ) -> None:
-    """Scrape every configured target on its own schedule until `stop` is set, re-reading
-    the targets (file_sd) every `targets_every_s`; each written batch goes to `on_report`."""
+    """Scrape this shard's configured targets, each on its own schedule, until `stop` is set,
+    re-reading the targets (file_sd) every `targets_every_s` and telling `on_targets` what the
+    shard kept of them; each written batch goes to `on_report`."""
     resolver = TargetResolver()
     with StoreWriter(store) as writer:
         pages = PageBatcher(
@@ -295,7 +322,9 @@ def scrape_until(
                 targets, problems = resolver.resolve(config)
                 for problem in problems:
                     on_problem(problem)
-                loop.set_targets(scheduled_targets(targets, config.scrape))
+                selection = shard_targets(targets, config.scrape)
+                on_targets(selection)
+                loop.set_targets(scheduled_targets(selection.kept, config.scrape))
                 stop.wait(targets_every_s)
         finally:
             loop.stop()

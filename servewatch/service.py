@@ -3,7 +3,8 @@
 Scraping runs on its own event loop thread (collectors/scrape/loop.py): every target on its own
 interval at a stable offset, never overlapping its own next scrape, a slow or dead target
 delaying no other; pages reach the store in batches. APScheduler 3 runs the other jobs: targets
-(every 30 s: file_sd re-read, the scrape loop's targets and schedules brought up to date), SLO
+(every 30 s: file_sd re-read, this shard's targets kept, the scrape loop's targets and
+schedules brought up to date), SLO
 evaluation with notification (every minute), configuration reload (every 30 s; an invalid file
 is logged and counted and the last good configuration keeps the data path running), retention
 (hourly). Every store access goes through the single writer thread. The OTLP receivers (HTTP,
@@ -36,6 +37,7 @@ from servewatch.capacity.parallel import process_map
 from servewatch.capacity.requirement import load_requirement
 from servewatch.collectors.metrics.ingest import MetricIngestReport
 from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape.shards import Shard
 from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.store_writer import StoreWriter, TraceCommit
 from servewatch.collectors.traces.grpc_receiver import OtlpGrpcReceiver
@@ -66,6 +68,7 @@ from servewatch.scraping import (
     TargetResolver,
     page_of,
     scheduled_targets,
+    shard_targets,
 )
 from servewatch.service_http import ServiceApi, serve_health
 from servewatch.slo.alert_state import changes_from_frame
@@ -213,9 +216,12 @@ class Service:
         *,
         store_path: Path | None = None,
         now: Callable[[], float] = time.time,
+        shard: Shard | None = None,
     ) -> None:
         self.config_path = config_path
-        config = load_config(config_path)
+        # The --shard option outlives reloads: the file's scrape.shard never replaces it.
+        self.shard = shard
+        config = load_config(config_path, shard=shard)
         specs = _slo_specs(config)
         self.state = ServiceState(config=config, specs=specs)
         self.metrics = SelfMetrics()
@@ -294,14 +300,18 @@ class Service:
 
     def sync_targets(self) -> None:
         """Bring the scrape loop's targets and schedules up to date with the configuration
-        and the file_sd files."""
+        and the file_sd files: this shard's targets only, chosen afresh from the whole list."""
         targets, problems = self.resolver.resolve(self.state.config)
         for problem in problems:
             log.warning("targets: %s", problem)
-        self.target_health.failing_after = self.state.config.scrape.failing_after
-        self.target_health.keep(targets)
+        settings = self.state.config.scrape
+        selection = shard_targets(targets, settings)
+        self.target_health.failing_after = settings.failing_after
+        self.target_health.follow(selection)
+        # Spans are matched against every listed target: OTLP is not sharded, and a replica
+        # exports to whichever collector it is pointed at, whoever scrapes it.
         self.target_directory = TargetDirectory.from_targets(targets)
-        self.scrape_loop.set_targets(scheduled_targets(targets, self.state.config.scrape))
+        self.scrape_loop.set_targets(scheduled_targets(selection.kept, settings))
         self.metrics.scrape_targets.set(self.scrape_loop.target_count)
 
     def evaluate_once(self, now: datetime | None = None) -> None:
@@ -364,7 +374,7 @@ class Service:
 
     def reload_config(self) -> None:
         try:
-            config = load_config(self.config_path)
+            config = load_config(self.config_path, shard=self.shard)
             specs = _slo_specs(config)
         except (ConfigError, ValueError) as exc:
             self.metrics.config_errors.inc()

@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from servewatch import __version__
 from servewatch.collectors.metrics.ingest import MetricIngestReport
+from servewatch.collectors.scrape.shards import Shard
 from servewatch.collectors.service_api import (
     TOKEN_ENV,
     Params,
@@ -146,6 +147,19 @@ VersionLabelOption = Annotated[
         "--version-label",
         help="What tells rollout versions apart: model (the served model name), or a target "
         "or series label such as pool or image.",
+    ),
+]
+
+
+SHARD_ENV = "SERVEWATCH_SHARD"
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        envvar=SHARD_ENV,
+        metavar="I/N",
+        help="Scrape only shard I of N (0 <= I < N): the targets whose address hashes to I as "
+        "Prometheus' hashmod does; overrides scrape.shard of --config (env SERVEWATCH_SHARD).",
     ),
 ]
 
@@ -322,9 +336,19 @@ def write_file(path: Path, text: str, *, what: str) -> None:
         ) from exc
 
 
-def load_config_or_fail(path: Path) -> Config:
+def shard_or_fail(text: str | None) -> Shard | None:
+    """The `--shard` option (or SERVEWATCH_SHARD) as a shard; None when not given."""
+    if text is None:
+        return None
     try:
-        return load_config(path)
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise fail(f"--shard ({SHARD_ENV}): {exc}", code=EXIT_BAD_INPUT) from exc
+
+
+def load_config_or_fail(path: Path, *, shard: Shard | None = None) -> Config:
+    try:
+        return load_config(path, shard=shard)
     except ConfigError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
 

@@ -15,22 +15,25 @@ from servewatch.cli.app import (
     CliState,
     FromOption,
     JsonOption,
+    ShardOption,
     ToOption,
     app,
     fail,
     load_config_or_fail,
     metric_json,
     open_store,
+    shard_or_fail,
 )
 from servewatch.cli.imports import import_prometheus_range
 from servewatch.collectors.metrics.ingest import MetricIngestReport
+from servewatch.collectors.scrape.shards import ShardSelection
 from servewatch.render import (
     err_console,
     labelled,
     out_console,
     print_json,
 )
-from servewatch.scraping import resolve_targets, scrape_round, scrape_until
+from servewatch.scraping import resolve_targets, scrape_round, scrape_until, shard_targets
 
 
 @app.command()
@@ -40,6 +43,7 @@ def scrape(
         Path, typer.Option("--config", help="servewatch.toml with the targets to scrape.")
     ] = Path("servewatch.toml"),
     once: Annotated[bool, typer.Option(help="Scrape every target once and exit.")] = False,
+    shard: ShardOption = None,
     from_prometheus: Annotated[
         str | None,
         typer.Option(
@@ -81,7 +85,9 @@ def scrape(
     """Scrape every target's /metrics concurrently into the store.
 
     Each target has its own timeout: a slow or dead one is recorded as a failed scrape and
-    delays no other; --once exits 1 when no target answered. Without --once, each target is
+    delays no other; --once exits 1 when no target answered. With --shard I/N (or
+    scrape.shard) only the targets of shard I are scraped, and --json says how many of the
+    listed targets that is. Without --once, each target is
     scraped on its own schedule (its interval, at a stable offset within it) until Ctrl-C or
     SIGTERM, and pages are stored in batches as they come (`servewatch run` does this together
     with the other jobs).
@@ -116,7 +122,7 @@ def scrape(
             "`servewatch import prometheus URL`; live scrapes use the config's settings",
             code=EXIT_BAD_INPUT,
         )
-    config = load_config_or_fail(config_path)
+    config = load_config_or_fail(config_path, shard=shard_or_fail(shard))
     if config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
         state.db = config.store_path
     targets, problems = resolve_targets(config)
@@ -125,6 +131,17 @@ def scrape(
     if not targets:
         raise fail(f"{config_path}: no targets to scrape", code=EXIT_BAD_INPUT)
     rounds: list[MetricIngestReport] = []
+    selections = [shard_targets(targets, config.scrape)]
+    sharded = config.scrape.shard.count > 1
+
+    def note(selection: ShardSelection) -> None:
+        # Said once, and again only when a file_sd change moves the counts.
+        if sharded and not as_json and selection != selections[-1]:
+            err_console.print(labelled("shard:", selection.summary()))
+        selections.append(selection)
+
+    if sharded and not as_json:
+        err_console.print(labelled("shard:", selections[0].summary()))
 
     def show(report: MetricIngestReport) -> None:
         rounds.append(report)
@@ -140,7 +157,8 @@ def scrape(
 
     with open_store(state, create=True) as store:
         if once:
-            show(scrape_round(targets, store=store, settings=config.scrape))
+            kept = selections[0].kept
+            show(scrape_round(kept, store=store, settings=config.scrape))
         else:
             stop = threading.Event()
             previous = {
@@ -153,11 +171,13 @@ def scrape(
                     stop=stop,
                     on_report=show,
                     on_problem=lambda p: err_console.print(labelled("targets:", p)),
+                    on_targets=note,
                 )
             finally:
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
     if as_json:
-        print_json({"rounds": [metric_json(r) for r in rounds]})
-    if once and len(rounds[0].failed_scrapes) == rounds[0].pages:
+        print_json({"shard": selections[-1].to_json(), "rounds": [metric_json(r) for r in rounds]})
+    # A shard that holds none of the listed targets has nothing to answer: not a failure.
+    if once and rounds[0].pages and len(rounds[0].failed_scrapes) == rounds[0].pages:
         raise fail(f"no target answered: all {rounds[0].pages} scrapes failed")

@@ -14,8 +14,10 @@ from servewatch.cli.app import (
     DEFAULT_DB,
     EXIT_BAD_INPUT,
     CliState,
+    ShardOption,
     app,
     fail,
+    shard_or_fail,
     store_failure,
 )
 from servewatch.config import ConfigError
@@ -43,6 +45,7 @@ def run(
             "and /healthz."
         ),
     ] = 9464,
+    shard: ShardOption = None,
 ) -> None:
     """Run the service: scrape, receive OTLP, roll up, evaluate SLOs and alert, on schedule.
 
@@ -52,11 +55,15 @@ def run(
     says degraded while some targets fail and answers 503 while all do. The live report page
     is served at /, the reading commands' answers under /api/v1/ (sli, slo, alerts, health,
     recommendation), and SLO, capacity and finding gauges on /metrics; an [api] bearer_token
-    guards all of them (not /healthz).
+    guards all of them (not /healthz). With --shard I/N (or scrape.shard) only shard I's
+    targets are scraped, and /healthz says which shard it is and how many targets it kept.
     """
     state = ctx.ensure_object(CliState)
+    chosen = shard_or_fail(shard)
     try:
-        service = Service(config_path, store_path=None if state.db == DEFAULT_DB else state.db)
+        service = Service(
+            config_path, store_path=None if state.db == DEFAULT_DB else state.db, shard=chosen
+        )
     except (ConfigError, SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:
@@ -69,8 +76,10 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     grpc = service.grpc_receiver
     otlp = service.receiver.endpoint + (f" and gRPC {grpc.endpoint}" if grpc else "")
+    sharding = service.state.config.scrape.shard
+    shard_note = f"shard {sharding}, " if sharding.count > 1 else ""
     err_console.print(
-        f"servewatch run: store {service.store.path}, OTLP {otlp}, "
+        f"servewatch run: store {service.store.path}, OTLP {otlp}, {shard_note}"
         f"live page http://127.0.0.1:{health_port}/ (API /api/v1/, /metrics, /healthz)"
     )
     try:
