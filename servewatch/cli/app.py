@@ -65,6 +65,7 @@ COMMAND_ORDER = (
     "alerts",
     "health",
     "report",
+    "export",
     "size",
     "recommend",
     "drill",
