@@ -3,7 +3,8 @@
 One module per concept: `migrations` (the schema's history), `points` and `compaction` (the
 scrape write path and its blocks), `requests` (the span write path), `rollups` and
 `rollup_job` (minute rollups, kept up to date incrementally), `results` (alerts,
-recommendations, rejected input) and `reads`. `Store` assembles them.
+recommendations, rejected input), `reads` and `export` (tables to Parquet). `Store` assembles
+them.
 """
 
 from servewatch.store.compaction import CompactionReport
@@ -17,6 +18,7 @@ from servewatch.store.errors import (
     StorePathError,
     damage_error,
 )
+from servewatch.store.export import EXPORT_TABLES, ExportedFile, ExportError
 from servewatch.store.holder import Holder, read_holder, remove_holder, write_holder
 from servewatch.store.rollup_job import (
     RollupReport,
@@ -28,9 +30,12 @@ from servewatch.store.rollups import GoodEventLimits, MinuteRollupSwap
 from servewatch.store.store import IN_MEMORY, Store
 
 __all__ = [
+    "EXPORT_TABLES",
     "IN_MEMORY",
     "Clock",
     "CompactionReport",
+    "ExportError",
+    "ExportedFile",
     "GoodEventLimits",
     "Holder",
     "MinuteRollupSwap",

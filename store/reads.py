@@ -49,28 +49,8 @@ class Reads(StoreBase):
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
     ) -> pl.LazyFrame:
         """Points in [from_ts, to_ts), ordered by series and time."""
-        # Stored times are whole milliseconds, so `ts >= t` is `ts >= t rounded up to a
-        # millisecond`; comparing in the stored type lets DuckDB skip blocks by min/max.
-        clauses, params = window_clauses(
-            "ts",
-            None if from_ts is None else ms_ceiling(from_ts),
-            None if to_ts is None else ms_ceiling(to_ts),
-            cast="TIMESTAMP_MS",
-        )
-        # The window picks instants first; a compacted block's instants are one contiguous id
-        # range, so bounding point_rows by the picked ids lets DuckDB skip other blocks' row
-        # groups by their min/max.
-        sql = f"""
-            WITH picked AS (SELECT instant, ts FROM point_instants{clauses})
-            SELECT p.series_id, CAST(i.ts AS TIMESTAMP) AS ts, p.value
-            FROM point_rows p JOIN picked i USING (instant)
-            WHERE p.instant BETWEEN (SELECT min(instant) FROM picked)
-                                AND (SELECT max(instant) FROM picked)
-            UNION ALL
-            SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head{clauses}
-            ORDER BY series_id, ts
-        """
-        return self._read(sql, params + params, table="points")
+        sql, params = points_query(from_ts, to_ts)
+        return self._read(sql, params, table="points")
 
     def points_range(self) -> tuple[datetime, datetime] | None:
         """First and last sample time stored, or None without points."""
@@ -128,3 +108,31 @@ class Reads(StoreBase):
             params,
             table="slo_minutes",
         )
+
+
+def points_query(from_ts: datetime | None, to_ts: datetime | None) -> tuple[str, list[datetime]]:
+    """The SQL (and its parameters) of the points in [from_ts, to_ts) as the `points` view
+    shows them, `(series_id, ts, value)` ordered by series and time: what `read_points` reads
+    and the Parquet export writes."""
+    # Stored times are whole milliseconds, so `ts >= t` is `ts >= t rounded up to a
+    # millisecond`; comparing in the stored type lets DuckDB skip blocks by min/max.
+    clauses, params = window_clauses(
+        "ts",
+        None if from_ts is None else ms_ceiling(from_ts),
+        None if to_ts is None else ms_ceiling(to_ts),
+        cast="TIMESTAMP_MS",
+    )
+    # The window picks instants first; a compacted block's instants are one contiguous id
+    # range, so bounding point_rows by the picked ids lets DuckDB skip other blocks' row
+    # groups by their min/max.
+    sql = f"""
+        WITH picked AS (SELECT instant, ts FROM point_instants{clauses})
+        SELECT p.series_id, CAST(i.ts AS TIMESTAMP) AS ts, p.value
+        FROM point_rows p JOIN picked i USING (instant)
+        WHERE p.instant BETWEEN (SELECT min(instant) FROM picked)
+                            AND (SELECT max(instant) FROM picked)
+        UNION ALL
+        SELECT series_id, CAST(ts AS TIMESTAMP) AS ts, value FROM points_head{clauses}
+        ORDER BY series_id, ts
+    """
+    return sql, params + params

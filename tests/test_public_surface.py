@@ -28,9 +28,12 @@ SURFACES: dict[str, list[str]] = {
         "with_tpot",
     ],
     "servewatch.store": [
+        "EXPORT_TABLES",
         "IN_MEMORY",
         "Clock",
         "CompactionReport",
+        "ExportError",
+        "ExportedFile",
         "GoodEventLimits",
         "Holder",
         "MinuteRollupSwap",

@@ -66,6 +66,7 @@ COMMAND_ORDER = (
     "alerts",
     "health",
     "report",
+    "export",
     "size",
     "recommend",
     "drill",
