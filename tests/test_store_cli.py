@@ -36,10 +36,20 @@ def reading_commands(tmp_path: Path) -> dict[str, list[str]]:
         "health": ["health"],
         "report": ["report", "--out", str(tmp_path / "report"), "--no-images"],
         "recommend": ["recommend", "--requirement", str(requirement)],
+        "export": ["export", "--all", "--out", str(tmp_path / "export")],
     }
 
 
-READING = ["sli", "slo status", "slo evaluate", "alerts", "health", "report", "recommend"]
+READING = [
+    "sli",
+    "slo status",
+    "slo evaluate",
+    "alerts",
+    "health",
+    "report",
+    "recommend",
+    "export",
+]
 
 
 @pytest.fixture(scope="module")
