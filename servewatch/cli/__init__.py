@@ -14,6 +14,7 @@ from servewatch.cli import (  # noqa: F401 (imported to register their commands)
     imports,
     ingest,
     report,
+    rules,
     scrape,
     service,
     sli,

@@ -64,6 +64,7 @@ COMMAND_ORDER = (
     "sli",
     "slo",
     "alerts",
+    "rules",
     "health",
     "report",
     "export",
