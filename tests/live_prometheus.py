@@ -11,7 +11,7 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,9 +128,14 @@ def scrape_configs(server: LiveFleetServer) -> list[dict[str, Any]]:
 
 @contextmanager
 def running_prometheus(
-    workdir: Path, jobs: list[dict[str, Any]], *, scrape_interval_s: float = 1.0
+    workdir: Path,
+    jobs: list[dict[str, Any]],
+    *,
+    scrape_interval_s: float = 1.0,
+    rule_files: Sequence[Path] = (),
 ) -> Iterator[httpx.Client]:
-    """A Prometheus on a free 127.0.0.1 port scraping `jobs`; the client's base URL is it."""
+    """A Prometheus on a free 127.0.0.1 port scraping `jobs` and evaluating `rule_files` (at
+    the scrape interval); the client's base URL is it."""
     binary = require_program("prometheus")
     interval_ms = round(scrape_interval_s * 1000)
     config = {
@@ -140,6 +145,7 @@ def running_prometheus(
             "evaluation_interval": f"{interval_ms}ms",
         },
         "scrape_configs": jobs,
+        "rule_files": [str(path) for path in rule_files],
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
