@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from servewatch.emulator.fleet_config import FleetConfig, PoolSpec, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, WorkloadSpec
 from servewatch.slo.sli_rules import SliLabels, SliRulesError, quantile_name, sli_rules
-from tests.conftest import require_program
 from tests.live_prometheus import (
     fleet_ports,
     instant_query,
@@ -31,19 +29,9 @@ from tests.live_prometheus import (
     poll,
     running_prometheus,
 )
+from tests.test_slo_prometheus_rules import promtool
 
 RECORD_NAME = re.compile(r"^(replica|pool|pool_model):vllm_[a-z0-9_]+:[a-z0-9_]+$")
-
-
-def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [require_program("promtool"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize(
