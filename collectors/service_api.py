@@ -26,6 +26,7 @@ SLO_PATH = f"{API_PREFIX}/slo"
 ALERTS_PATH = f"{API_PREFIX}/alerts"
 HEALTH_PATH = f"{API_PREFIX}/health"
 RECOMMENDATION_PATH = f"{API_PREFIX}/recommendation"
+STATUS_PATH = f"{API_PREFIX}/status"
 JSON_MEDIA_TYPE = "application/json"
 TOKEN_ENV = "SERVEWATCH_API_TOKEN"  # noqa: S105 (the variable's name, not a token)
 """Where reading commands take the service's bearer token from."""

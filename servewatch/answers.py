@@ -3,7 +3,8 @@ API answers, each built by one function from the store, so the two cannot drift 
 
 `servewatch slo status --json` and `GET /api/v1/slo` are the same document (evaluated at the
 same instant: `--at`, else the end of the data), as are `alerts` and `/api/v1/alerts`, and
-`recommend --last` and `/api/v1/recommendation`. `sli` and `health` compute theirs from a store
+`recommend --last` and `/api/v1/recommendation`, and one store's part of `status` and
+`/api/v1/status`. `sli` and `health` compute theirs from a store
 window (`sli_answer`, `health_answer`), which a reading command reads from the store or, while
 the service holds it, from the service's `/api/v1/window`.
 """
@@ -13,7 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
+
+import polars as pl
 
 from servewatch.health_service import finding_json, health_findings, health_window
 from servewatch.pipeline.instants import format_instant, parse_instant
@@ -131,3 +135,51 @@ def health_answer(
         "findings": [finding_json(f) for f in findings],
     }
     return document, bounds is not None
+
+
+# A collector that stored no scrape for this long has stopped (Prometheus' staleness, 5 m).
+DEFAULT_STALE_AFTER_S = 300.0
+
+
+class StoreVerdict(Enum):
+    """A store's verdict in `servewatch status`."""
+
+    OK = "ok"
+    DEGRADED = "degraded"  # some of the targets it scrapes lately failed their last scrape
+    STALE = "stale"  # it holds targets but nothing was scraped lately: its collector stopped
+    EMPTY = "empty"  # it holds no targets
+
+
+def status_answer(store: Store, *, stale_after_s: float, now: datetime) -> dict[str, Any]:
+    """`status --json` for one store: its targets scraped since `now - stale_after_s` (the
+    ones its collector scrapes now), which of them failed their last scrape, what it stored
+    last, and the verdict."""
+    since = now - timedelta(seconds=stale_after_s)
+    targets = store.read_target_status(since=since)
+    recent = targets.filter(pl.col("scrapes_since") > 0)
+    failing = recent.filter(~pl.col("last_ok"))
+    points, requests = store.points_range(), store.requests_range()
+    last_scrape = targets["last_scrape_ts"].max()
+    if targets.height == 0:
+        verdict = StoreVerdict.EMPTY
+    elif recent.height == 0:
+        verdict = StoreVerdict.STALE
+    else:
+        verdict = StoreVerdict.DEGRADED if failing.height else StoreVerdict.OK
+    return {
+        "at": format_instant(now),
+        "stale_after_s": stale_after_s,
+        "verdict": verdict.value,
+        "targets": targets.height,
+        "targets_scraped": recent.height,
+        "targets_failing": [
+            {"target_id": row["target_id"], "kind": row["kind"], "error": row["last_error"]}
+            for row in failing.iter_rows(named=True)
+        ],
+        "scraped_target_ids": recent["target_id"].to_list(),
+        "scrapes": int(recent["scrapes_since"].sum()),
+        "failed_scrapes": int(recent["failed_since"].sum()),
+        "last_scrape": None if last_scrape is None else format_instant(last_scrape),  # type: ignore[arg-type]
+        "last_point": None if points is None else format_instant(points[1]),
+        "last_request": None if requests is None else format_instant(requests[1]),
+    }

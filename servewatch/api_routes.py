@@ -5,23 +5,27 @@ command reads its options, then answered with that command's `--json` document
 Parameters mirror the options: `sli` takes from, to, ttft_ms, tpot_ms, e2e_ms, by, window,
 source and metric (repeatable); `health` takes from, to, version_label and zone_loss; `slo`
 takes at and slo (repeatable: the SLOs to answer for, by name; all the service evaluates when
-none); `alerts` takes at; `recommendation` none. Store reads run on the writer's thread between
-writes; what is computed from a window runs on the request's own thread.
+none); `alerts` takes at; `recommendation` none; `status` takes stale_after_s. Store reads
+run on the writer's thread between writes; what is computed from a window runs on the
+request's own thread.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from servewatch.answers import (
+    DEFAULT_STALE_AFTER_S,
     NoRecommendationError,
     alerts_answer,
     health_answer,
     recommendation_answer,
     sli_answer,
     slo_answer,
+    status_answer,
 )
 from servewatch.health.rollout_comparison import VersionLabelError
 from servewatch.health_service import DEFAULT_VERSION_LABEL
@@ -29,6 +33,7 @@ from servewatch.pipeline.instants import parse_duration, parse_instant
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import Grouping, SliSource, points_window
 from servewatch.pipeline.window import Window, WindowQuery
+from servewatch.scraping import TargetHealth, collector_status
 from servewatch.service_http import ApiInputError, ApiMissingError, Params, one, only
 from servewatch.slo.spec import SloSpec
 from servewatch.store import Store
@@ -82,9 +87,19 @@ def _span(params: Params) -> tuple[datetime | None, datetime | None]:
 class ApiRoutes:
     """Answers by route name; `specs` gives the SLOs the service evaluates now."""
 
-    def __init__(self, *, call: StoreCall, specs: Callable[[], tuple[SloSpec, ...]]) -> None:
+    def __init__(
+        self,
+        *,
+        call: StoreCall,
+        specs: Callable[[], tuple[SloSpec, ...]],
+        target_health: TargetHealth | None = None,
+        now_s: Callable[[], float] = time.time,
+    ) -> None:
         self.call = call
         self.specs = specs
+        # The serving collector's targets: `status` adds its shard and /healthz.
+        self.target_health = target_health
+        self.now_s = now_s
 
     def answer(self, name: str, params: Params) -> dict[str, Any]:
         routes: dict[str, Callable[[Params], dict[str, Any]]] = {
@@ -93,6 +108,7 @@ class ApiRoutes:
             "alerts": self.alerts,
             "health": self.health,
             "recommendation": self.recommendation,
+            "status": self.status,
         }
         route = routes.get(name)
         if route is None:
@@ -170,6 +186,23 @@ class ApiRoutes:
         at = _instant(params, "at")
         answer: dict[str, Any] = self.call(lambda store: alerts_answer(store, at=at))
         return answer
+
+    def status(self, params: Params) -> dict[str, Any]:
+        only(params, ("stale_after_s",))
+        text = one(params, "stale_after_s") or repr(DEFAULT_STALE_AFTER_S)
+        try:
+            stale_after_s = float(text)
+        except ValueError as exc:
+            raise ApiInputError(f"stale_after_s: {text!r} is not a number of seconds") from exc
+        if not stale_after_s > 0:
+            raise ApiInputError(f"stale_after_s must be a positive number of seconds, got {text}")
+        now = datetime.fromtimestamp(self.now_s(), UTC).replace(tzinfo=None)
+        answer: dict[str, Any] = self.call(
+            lambda store: status_answer(store, stale_after_s=stale_after_s, now=now)
+        )
+        health = self.target_health
+        collector = None if health is None else collector_status(health)
+        return answer | {"collector": collector}
 
     def recommendation(self, params: Params) -> dict[str, Any]:
         only(params, ())

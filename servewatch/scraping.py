@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
@@ -133,6 +135,11 @@ class TargetHealth:
     def failing_count(self) -> int:
         with self._lock:
             return len(self._failing())
+
+    def shard_selection(self) -> ShardSelection | None:
+        """The shard's selection last followed (None before the first)."""
+        with self._lock:
+            return self._selection
 
     def answer(self) -> HealthAnswer:
         """ok while no target is failing; degraded (still ok) while some are; not ok when
@@ -329,3 +336,15 @@ def scrape_until(
         finally:
             loop.stop()
             pages.close()
+
+
+def collector_status(health: TargetHealth) -> dict[str, Any]:
+    """What `status` shows of a running collector besides its store: its shard and /healthz."""
+    answer = health.answer()
+    selection = health.shard_selection()
+    return {
+        "pid": os.getpid(),
+        "shard": None if selection is None else selection.to_json(),
+        "healthz": answer.text,
+        "healthz_ok": answer.ok,
+    }

@@ -30,7 +30,6 @@ from typing import Any
 import httpx
 import polars as pl
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from servewatch.api_routes import ApiRoutes
 from servewatch.capacity.parallel import process_map
@@ -70,6 +69,7 @@ from servewatch.scraping import (
     scheduled_targets,
     shard_targets,
 )
+from servewatch.self_metrics import SelfMetrics
 from servewatch.service_http import ServiceApi, serve_health
 from servewatch.slo.alert_state import changes_from_frame
 from servewatch.slo.alertmanager import AlertmanagerNotifier
@@ -89,77 +89,11 @@ from servewatch.store import (
 
 log = logging.getLogger("servewatch.run")
 JOB_DEFAULTS = {"max_instances": 1, "coalesce": True, "misfire_grace_time": 30}
-SCRAPE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 TARGETS_EVERY_S = 30.0
 # A window of a day of a big fleet is read in seconds; beyond this the API answers 503.
 WINDOW_TIMEOUT_S = 120.0
 
 __all__ = ["SelfMetrics", "Service", "serve_health"]
-
-
-class SelfMetrics:
-    """The service's own health, in its own registry."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.scrape_duration = Histogram(
-            "servewatch_scrape_duration_seconds",
-            "Time to scrape one target (fetch only).",
-            buckets=SCRAPE_BUCKETS_S,
-            registry=r,
-        )
-        self.scrape_lag = Histogram(
-            "servewatch_scrape_lag_seconds",
-            "How late a scrape started against its target's scheduled slot.",
-            buckets=SCRAPE_BUCKETS_S,
-            registry=r,
-        )
-        self.skipped_slots = Counter(
-            "servewatch_scrape_skipped_slots",
-            "Scheduled slots not scraped because the target's previous scrape was still running "
-            "(or the loop woke more than an interval late).",
-            registry=r,
-        )
-        self.scrape_targets = Gauge(
-            "servewatch_scrape_targets", "Targets on the scrape schedule.", registry=r
-        )
-        self.targets_failing = Gauge(
-            "servewatch_targets_failing",
-            "Targets whose last scrape.failing_after scrapes all failed.",
-            registry=r,
-        )
-        self.samples = Counter("servewatch_samples_ingested", "Samples stored.", registry=r)
-        self.malformed = Counter(
-            "servewatch_malformed_lines", "Exposition lines left out.", registry=r
-        )
-        self.failed_scrapes = Counter(
-            "servewatch_failed_scrapes", "Scrapes that got no page.", registry=r
-        )
-        self.spans = Counter("servewatch_spans_ingested", "Request spans stored.", registry=r)
-        self.spans_rejected = Counter(
-            "servewatch_spans_rejected", "Spans refused as unusable.", registry=r
-        )
-        self.job_duration = Histogram(
-            "servewatch_job_duration_seconds", "Job run time.", ["job"], registry=r
-        )
-        self.job_failures = Counter(
-            "servewatch_job_failures", "Jobs that raised.", ["job"], registry=r
-        )
-        self.job_last_success = Gauge(
-            "servewatch_job_last_success_timestamp_seconds",
-            "Last successful run.",
-            ["job"],
-            registry=r,
-        )
-        self.config_errors = Counter(
-            "servewatch_config_reload_errors", "Config reloads that failed.", registry=r
-        )
-        self.config_age = Gauge(
-            "servewatch_config_age_seconds",
-            "Age of the configuration in use (grows while reloads fail).",
-            registry=r,
-        )
 
 
 def _slo_specs(config: Config) -> tuple[SloSpec, ...]:
@@ -262,7 +196,12 @@ class Service:
         self.metrics.registry.register(self.fleet_gauges)
         self.event_counters = EventCounters()
         self.page = LivePage(self._build_page)
-        self.routes = ApiRoutes(call=self._read_store, specs=lambda: self.state.specs)
+        self.routes = ApiRoutes(
+            call=self._read_store,
+            specs=lambda: self.state.specs,
+            target_health=self.target_health,
+            now_s=now,
+        )
 
     def _targets(self) -> TargetDirectory:
         return self.target_directory

@@ -33,6 +33,7 @@ from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
 from servewatch.store.points import PointWrites
 from servewatch.store.requests import RequestWrites
 from servewatch.store.results import Results
+from servewatch.store.status import StatusReads
 from servewatch.store.window import WindowReads
 
 IN_MEMORY = ":memory:"
@@ -41,7 +42,7 @@ IN_MEMORY = ":memory:"
 CHECKPOINT_THRESHOLD = "64MB"
 
 
-class Store(WindowReads, Results, RequestWrites, PointWrites, Exports):
+class Store(WindowReads, Results, RequestWrites, PointWrites, Exports, StatusReads):
     """An open store file. Use as a context manager, or call `close()`."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:

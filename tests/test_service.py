@@ -173,6 +173,14 @@ def test_reading_commands_answer_while_run_holds_the_store(
         assert (out / "report.html").is_file()
         health = runner.invoke(app, ["--db", str(db), "health", "--json"])
         assert health.exit_code == 0, health.output
+        # status asks the service, which adds what it says of itself.
+        status = runner.invoke(app, ["--db", str(db), "status", "--json"])
+        assert status.exit_code == 0, status.output
+        (held_status,) = json.loads(status.stdout)["stores"]
+        assert held_status["verdict"] == "empty"  # no targets: it only receives spans
+        assert held_status["last_request"] is not None
+        assert held_status["collector"]["pid"] == process.pid
+        assert held_status["collector"]["healthz"].startswith("ok")
         bad = httpx.get(f"{api}/api/v1/window", params={"from": "soon"}, timeout=5)
         assert bad.status_code == 400
         assert "from: 'soon' is not an ISO 8601 time" in bad.text

@@ -9,23 +9,28 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from servewatch.answers import status_answer
 from servewatch.cli import app
 from servewatch.collectors.scrape.shards import Shard, select_shard, shard_of, target_address
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.config import ConfigError, load_config, parse_config
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.emulator.records import FinishedReason, FinishedRequest, ReplicaPlacement
+from servewatch.pipeline.instants import format_instant
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 from servewatch.scraping import TargetHealth, resolve_targets, scrape_round, shard_targets
 from servewatch.service import Service
-from servewatch.store import IN_MEMORY, Store
+from servewatch.store import IN_MEMORY, Store, roll_up_request_minutes, utc_now
 from tests.conftest import free_port, require_program
 
 
@@ -243,6 +248,142 @@ def test_shards_together_store_every_target_once_and_agree_with_one_collector(
             store.close()
 
 
+def request_rows(records: list[FinishedRequest]) -> pl.DataFrame:
+    """The request rows a collector stores for these requests' spans."""
+    rows = [
+        {
+            "trace_id": f"{i:032x}",
+            "span_id": f"{i:016x}",
+            "request_id": r.request_id,
+            "replica": r.replica,
+            "host": next(p.host for p in PLACEMENTS if p.replica == r.replica),
+            "zone": None,
+            "model": MODEL,
+            "pool": "chat",
+            "tenant": None,
+            "arrival_ts": datetime.fromtimestamp(r.arrival_s, UTC).replace(tzinfo=None),
+            "end_ts": datetime.fromtimestamp(
+                r.arrival_s + r.queue_s + r.prefill_s + r.decode_s, UTC
+            ).replace(tzinfo=None),
+            "ok": r.finished_reason is not FinishedReason.ABORT,
+            "error_type": None,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "ttft_s": r.queue_s + r.prefill_s,
+            "e2e_s": r.queue_s + r.prefill_s + r.decode_s,
+            "queue_s": r.queue_s,
+            "prefill_s": r.prefill_s,
+            "decode_s": r.decode_s,
+            "inference_s": r.prefill_s + r.decode_s,
+            "max_tokens": r.max_tokens,
+            "emulated": True,
+            "source": "test",
+            "ingested_ts": None,
+            "conversation_id": None,
+            "adapter": None,
+        }
+        for i, r in enumerate(records)
+    ]
+    return pl.DataFrame(rows, schema=REQUESTS_SCHEMA)
+
+
+def same_document(a: object, b: object) -> bool:
+    """Equal JSON documents, floats to the last few digits: a mean's last bit moves with the
+    order a parallel group-by adds in, from run to run even on one store."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_document(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_document(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    return type(a) is type(b) and a == b
+
+
+def test_the_analytics_over_two_shards_stores_equal_one_collectors(
+    tmp_path: Path, runner: CliRunner
+) -> None:
+    """Two shard collectors and one collector over all targets scrape the same changing fleet
+    in lockstep; the spans go to either shard (OTLP is not sharded), one of them to both.
+    `sli` over both shards' stores answers as over the one collector's store, traced and
+    scraped figures alike."""
+    server = LiveFleetServer(PLACEMENTS, started_s=T0)
+    server.start()
+    (tmp_path / "fleet.json").write_text(json.dumps(server.file_sd()), encoding="utf-8")
+    config = tmp_path / "servewatch.toml"
+    config.write_text(
+        '[scrape]\ninterval_s = 15\ntimeout_s = 5\n[[file_sd]]\npath = "fleet.json"\n',
+        encoding="utf-8",
+    )
+    paths = {name: tmp_path / f"{name}.duckdb" for name in ("whole", "shard-0", "shard-1")}
+    shards = {"whole": None, "shard-0": Shard(0, 2), "shard-1": Shard(1, 2)}
+    stores = {name: Store.open(path, create=True) for name, path in paths.items()}
+    records: list[FinishedRequest] = []
+    try:
+        for round_ in range(12):
+            # Replica i finishes i + 1 requests every round; slower replicas decode slower.
+            for i, placement in enumerate(PLACEMENTS):
+                for n in range(i + 1):
+                    record = replace(
+                        finished(placement.replica, 100 * round_ + n),
+                        arrival_s=T0 + 15 * round_ + n,
+                        decode_s=0.2 + 0.05 * i + 0.01 * n,
+                    )
+                    server.request_finished(record)
+                    records.append(record)
+            now = AT + timedelta(seconds=15 * round_)
+            for name, store in stores.items():
+                loaded = load_config(config, shard=shards[name])
+                targets, _ = resolve_targets(loaded)
+                kept = shard_targets(targets, loaded.scrape).kept
+                scrape_round(kept, store=store, settings=loaded.scrape, now=lambda at=now: at)
+        rows = request_rows(records)
+        stores["whole"].write_requests(rows)
+        # Alternate spans between the shards; the first ten reach both (a retried export).
+        stores["shard-0"].write_requests(rows.gather_every(2))
+        stores["shard-1"].write_requests(pl.concat([rows.gather_every(2, offset=1), rows[:10]]))
+        for store in stores.values():
+            roll_up_request_minutes(store)
+    finally:
+        server.stop()
+        for store in stores.values():
+            store.close()
+
+    def answer(*dbs: Path, command: list[str]) -> dict[str, object]:
+        result = runner.invoke(
+            app, [arg for db in dbs for arg in ("--db", str(db))] + [*command, "--json"]
+        )
+        assert result.exit_code == 0, result.output
+        document: dict[str, object] = json.loads(result.stdout)
+        return document
+
+    both = (paths["shard-0"], paths["shard-1"])
+    sli = ["sli", "--ttft-ms", "400", "--by", "replica", "--window", "1m"]
+    whole = answer(paths["whole"], command=sli)
+    assert len(whole["groups"]) == len(whole["histograms"]["groups"]) == 6  # type: ignore[index]
+    assert same_document(whole, answer(*both, command=sli))
+    assert same_document(whole, answer(*reversed(both), command=sli))
+    # One shard alone is not the fleet.
+    assert not same_document(whole, answer(paths["shard-0"], command=sli))
+    by_pool = ["sli", "--by", "pool", "--source", "both"]
+    assert same_document(answer(paths["whole"], command=by_pool), answer(*both, command=by_pool))
+    # A command that writes or reads one store says so.
+    result = runner.invoke(
+        app,
+        [
+            "--db",
+            str(both[0]),
+            "--db",
+            str(both[1]),
+            "export",
+            "--all",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "--db names 2 stores" in " ".join(result.stderr.split())
+
+
 def test_scrape_once_with_a_shard_says_what_it_kept(
     fleet: tuple[LiveFleetServer, Path], tmp_path: Path, runner: CliRunner
 ) -> None:
@@ -409,3 +550,55 @@ def test_shards_agree_with_a_real_prometheus_hashmod(tmp_path: Path) -> None:
         process.wait(timeout=30)
     assert set(labelled) == set(addresses)
     assert labelled == {a: shard_of(a, 5) for a in addresses}
+
+
+def test_status_checks_the_shards_stores_together(
+    fleet: tuple[LiveFleetServer, Path], tmp_path: Path, runner: CliRunner
+) -> None:
+    server, path = fleet
+    now = utc_now() - timedelta(seconds=10)
+    dbs = [tmp_path / f"shard-{i}.duckdb" for i in range(2)] + [tmp_path / "whole.duckdb"]
+    for db, shard in zip(dbs, [Shard(0, 2), Shard(1, 2), None], strict=True):
+        loaded = load_config(path, shard=shard)
+        targets, _ = resolve_targets(loaded)
+        with Store.open(db, create=True) as store:
+            kept = shard_targets(targets, loaded.scrape).kept
+            scrape_round(kept, store=store, settings=loaded.scrape, now=lambda: now)
+
+    def status(*chosen: Path) -> tuple[int, dict[str, Any]]:
+        args = [arg for db in chosen for arg in ("--db", str(db))]
+        result = runner.invoke(app, [*args, "status", "--json"])
+        return result.exit_code, json.loads(result.stdout)
+
+    code, document = status(*dbs[:2])
+    assert code == 0
+    assert document["ok"]
+    assert document["targets_scraped"] == 9
+    assert document["targets_scraped_twice"] == []
+    assert [s["verdict"] for s in document["stores"]] == ["ok", "ok"]
+    assert sum(s["targets"] for s in document["stores"]) == 9
+    # A collector over every target beside the shards: each target is scraped twice.
+    code, document = status(*dbs)
+    assert code == 1
+    assert len(document["targets_scraped_twice"]) == 9
+    # The fleet goes away: the shard's next round fails, and the shard is degraded.
+    server.stop()
+    loaded = load_config(path, shard=Shard(0, 2))
+    with Store.open(dbs[0]) as store:
+        kept = shard_targets(resolve_targets(loaded)[0], loaded.scrape).kept
+        scrape_round(
+            kept, store=store, settings=loaded.scrape, now=lambda: now + timedelta(seconds=5)
+        )
+    code, document = status(*dbs[:2])
+    assert code == 1
+    first = document["stores"][0]
+    assert first["verdict"] == "degraded"
+    assert len(first["targets_failing"]) == first["targets_scraped"] == len(kept)
+    # Judged later, with nothing scraped since: stale (the collector stopped).
+    with Store.open(dbs[1], read_only=True) as store:
+        later = status_answer(store, stale_after_s=60, now=now + timedelta(minutes=2))
+    assert later["verdict"] == "stale"
+    assert later["last_scrape"] == format_instant(now)
+    text = runner.invoke(app, ["--db", str(dbs[0]), "status", "--stale-after", "soon"])
+    assert text.exit_code == 2
+    assert "--stale-after: 'soon' is not a duration" in " ".join(text.stderr.split())

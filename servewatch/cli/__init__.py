@@ -19,6 +19,7 @@ from servewatch.cli import (  # noqa: F401 (imported to register their commands)
     service,
     sli,
     slo,
+    status,
 )
 from servewatch.cli.app import app
 

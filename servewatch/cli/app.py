@@ -29,6 +29,7 @@ from servewatch.collectors.traces.ingest import IngestReport
 from servewatch.config import Config, ConfigError, load_config
 from servewatch.pipeline.instants import parse_instant
 from servewatch.pipeline.window import Window, WindowQuery
+from servewatch.pipeline.window_union import union_windows
 from servewatch.render import (
     err_console,
     labelled,
@@ -72,6 +73,7 @@ COMMAND_ORDER = (
     "recommend",
     "drill",
     "run",
+    "status",
     "emulate",
     "demo",
 )
@@ -129,7 +131,34 @@ class CliState:
     (`ctx.ensure_object(CliState)`), so nothing of one invocation outlives it, as module state
     would in a test runner's process; commands pass it to the helpers below."""
 
-    db: Path = DEFAULT_DB
+    dbs: tuple[Path, ...] = (DEFAULT_DB,)
+
+    @property
+    def db(self) -> Path:
+        """The store a command reads or writes: the first --db (the only one, for all but the
+        commands that read several)."""
+        return self.dbs[0]
+
+    @db.setter
+    def db(self, path: Path) -> None:
+        self.dbs = (path,)
+
+    @property
+    def stores_named(self) -> str:
+        """The stores of --db, for messages."""
+        return " + ".join(str(path) for path in self.dbs)
+
+    def one_store(self) -> Path:
+        """The single store of a command that reads or writes one; bad input when --db named
+        several (only `sli`, `health`, `report` and `status` read the shards' stores as one)."""
+        if len(self.dbs) > 1:
+            raise fail(
+                f"--db names {len(self.dbs)} stores ({self.stores_named}); this command reads "
+                "or writes one: only `sli`, `health`, `report` and `status` read several "
+                "(the stores of sharded collectors) as one",
+                code=EXIT_BAD_INPUT,
+            )
+        return self.dbs[0]
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -183,25 +212,31 @@ def _version(value: bool) -> None:
         raise typer.Exit
 
 
+DB_ENV = "SERVEWATCH_DB"
+
+
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    db: Annotated[
-        Path,
+    dbs: Annotated[
+        list[Path] | None,
         typer.Option(
             "--db",
-            help="DuckDB store file. Commands that store data (ingest, replay, scrape, run) "
-            "create it when missing; the others refuse a missing one.",
-            envvar="SERVEWATCH_DB",
+            help="DuckDB store file (env SERVEWATCH_DB). Commands that store data (ingest, "
+            "replay, scrape, run) create it when missing; the others refuse a missing one. "
+            "Repeat it to read the stores of sharded collectors as one (sli, health, report, "
+            "status).",
         ),
-    ] = DEFAULT_DB,
+    ] = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
     """Observability, SLOs and capacity for fleets of vLLM replicas."""
-    ctx.obj = CliState(db=db)
+    # The variable names one store, read whole: a path may hold spaces.
+    chosen = dbs or [Path(os.environ.get(DB_ENV) or DEFAULT_DB)]
+    ctx.obj = CliState(dbs=tuple(chosen))
 
 
 def fail(message: str, *, code: int = EXIT_FAILURE) -> typer.Exit:
@@ -227,7 +262,7 @@ def open_store(
     reading commands open it `read_only` and write nothing; damage DuckDB finds while the
     command runs is one line and exit 1, as at open."""
     try:
-        store = Store.open(state.db, create=create, read_only=read_only)
+        store = Store.open(state.one_store(), create=create, read_only=read_only)
     except StoreError as exc:
         raise store_failure(exc) from exc
     with _damage_is_one_line(store):
@@ -246,7 +281,7 @@ def _damage_is_one_line(store: Store) -> Iterator[None]:
             raise fail(str(damaged)) from exc
 
 
-def _held_by(state: CliState, exc: StoreBusyError) -> Holder:
+def _held_by(db: Path, exc: StoreBusyError) -> Holder:
     """The service holding the store, once the user is told the answer comes from it; a
     holder that serves no API (or left no note) ends the command with the refusal."""
     holder = exc.holder
@@ -255,7 +290,7 @@ def _held_by(state: CliState, exc: StoreBusyError) -> Holder:
     err_console.print(
         labelled(
             "note:",
-            f"{state.db} is held by `{holder.command}` (PID {holder.pid}): reading it "
+            f"{db} is held by `{holder.command}` (PID {holder.pid}): reading it "
             f"through {holder.api_url}",
         )
     )
@@ -268,11 +303,16 @@ def _api_token() -> str | None:
 
 def read_window(state: CliState, query: WindowQuery) -> Window:
     """The window of the store at --db, opened read-only; while a `servewatch run` holds the
-    store, the same window read by it, through its local API."""
+    store, the same window read by it, through its local API. Several stores (sharded
+    collectors') are each read so and joined into one window (`pipeline.window_union`)."""
+    return union_windows([_read_store_window(db, query) for db in state.dbs])
+
+
+def _read_store_window(db: Path, query: WindowQuery) -> Window:
     try:
-        store = Store.open(state.db, create=False, read_only=True)
+        store = Store.open(db, create=False, read_only=True)
     except StoreBusyError as exc:
-        holder = _held_by(state, exc)
+        holder = _held_by(db, exc)
         assert holder.api_url is not None
         try:
             return fetch_window(holder.api_url, query, token=_api_token())
@@ -294,10 +334,21 @@ def read_answer(
     """A reading command's JSON document, computed by `read` on the store at --db opened
     read-only; while a `servewatch run` holds the store, the same document answered by it at
     `path` of its local API (`collectors.service_api`)."""
+    return store_answer(state.one_store(), read, path=path, params=params)
+
+
+def store_answer(
+    db: Path,
+    read: Callable[[Store], dict[str, Any]],
+    *,
+    path: str,
+    params: Params | None = None,
+) -> dict[str, Any]:
+    """`read_answer` for the store at `db`, one of several a command reads."""
     try:
-        store = Store.open(state.db, create=False, read_only=True)
+        store = Store.open(db, create=False, read_only=True)
     except StoreBusyError as exc:
-        holder = _held_by(state, exc)
+        holder = _held_by(db, exc)
         assert holder.api_url is not None
         try:
             return fetch_document(holder.api_url, path, params, token=_api_token())

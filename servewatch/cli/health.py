@@ -87,4 +87,6 @@ def health(
     except ValueError as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     if not examined:
-        err_console.print(f"nothing stored in {state.db} to examine: scrape or replay first")
+        err_console.print(
+            f"nothing stored in {state.stores_named} to examine: scrape or replay first"
+        )

@@ -67,6 +67,16 @@ def _answers(
         except RequirementError as exc:
             raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     start, end = span
+    if len(state.dbs) > 1:
+        err_console.print(
+            labelled(
+                "note:",
+                f"the SLO verdicts and the capacity answer read one store; with {len(state.dbs)} "
+                "stores they are left out of this report (`servewatch slo status` and "
+                "`recommend` read each store)",
+            )
+        )
+        return None, None
     try:
         opened = Store.open(state.db, create=False, read_only=True)
     except StoreBusyError as exc:

@@ -60,10 +60,9 @@ def run(
     """
     state = ctx.ensure_object(CliState)
     chosen = shard_or_fail(shard)
+    db = state.one_store()
     try:
-        service = Service(
-            config_path, store_path=None if state.db == DEFAULT_DB else state.db, shard=chosen
-        )
+        service = Service(config_path, store_path=None if db == DEFAULT_DB else db, shard=chosen)
     except (ConfigError, SloSetupError, SpecError) as exc:
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     except StoreError as exc:

@@ -123,7 +123,9 @@ def sli(
             out_console.print(table)
     if source.histograms and "histograms" not in report:
         err_console.print(
-            f"no scraped series in {state.db} for this window: scrape or replay first"
+            f"no scraped series in {state.stores_named} for this window: scrape or replay first"
         )
     if source.traces and report["overall"]["requests"] == 0:
-        err_console.print(f"no requests in {state.db} for this window: ingest traces first")
+        err_console.print(
+            f"no requests in {state.stores_named} for this window: ingest traces first"
+        )
