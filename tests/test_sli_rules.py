@@ -1,8 +1,9 @@
 """Recording rules for the metric SLIs (`servewatch rules sli`): promtool accepts them, their
 names and expressions are as documented, promtool's own evaluator answers the fallbacks
-(renamed families, no error series, router re-exports, unlabelled series) as intended, and a
+(renamed families, no error series, router re-exports, unlabelled series) as intended, a
 real Prometheus scraping a live emulated fleet records, for every rule, the number the same
-PromQL gives over the raw series at the same instant."""
+PromQL gives over the raw series at the same instant, and VictoriaMetrics scraping the same
+fleet with vmalert evaluating the same file loads every rule and records every series."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.live_prometheus import (
     poll,
     running_prometheus,
 )
+from tests.live_victoria import running_victoria_metrics, running_vmalert, vmalert_rules
 from tests.test_slo_prometheus_rules import promtool
 
 RECORD_NAME = re.compile(r"^(replica|pool|pool_model):vllm_[a-z0-9_]+:[a-z0-9_]+$")
@@ -346,3 +348,52 @@ def test_recorded_slis_equal_the_same_promql_over_the_raw_series(tmp_path: Path)
         rates = _by(instant_query(client, "pool:vllm_request_success:rate5m", time_s=at_s), "pool")
         assert set(rates) == {"chat", "batch"}
         assert all(v > 0 for v in rates.values()), rates
+
+
+# -- VictoriaMetrics scraping the fleet, vmalert evaluating the same rule file -----------------
+
+
+def _expected_series(record: str, answer: list[dict[str, Any]], replicas: int) -> int:
+    level = record.split(":", maxsplit=1)[0]
+    expected = {"replica": replicas, "pool": 2, "pool_model": 2}[level]
+    if record.endswith("_bucket:rate5m"):
+        expected *= max(1, len({r["metric"].get("le") for r in answer}))
+    return expected
+
+
+@pytest.mark.slow
+def test_victoria_metrics_with_vmalert_records_every_rule(tmp_path: Path) -> None:
+    rules = sli_rules()
+    rule_file = tmp_path / "sli_rules.yml"
+    rule_file.write_text(rules.to_yaml(), encoding="utf-8")
+    ports = fleet_ports(FLEET)
+    job = _vllm_job(LiveFleetServer(FLEET.placements(), started_s=0.0, ports=ports))
+    replicas = len(job["static_configs"])
+    with (
+        running_victoria_metrics(tmp_path, [job]) as victoria,
+        running_vmalert(tmp_path, victoria, [rule_file]) as vmalert,
+    ):
+        loaded = vmalert_rules(vmalert)
+        # vmalert lists its groups in an order of its own; each group's rules in file order.
+        assert sorted(r["name"] for r in loaded) == sorted(rules.records)
+        assert all(r["type"] == "recording" for r in loaded)
+        with live_fleet(FLEET, seed=5, ports=ports):
+
+            def every_record_has_its_series() -> dict[str, list[Any]] | None:
+                answers = {record: instant_query(victoria, record) for record in rules.records}
+                complete = all(
+                    len(answer) == _expected_series(record, answer, replicas)
+                    for record, answer in answers.items()
+                )
+                return answers if complete else None
+
+            answers = poll(
+                "vmalert to record every rule in VictoriaMetrics", every_record_has_its_series
+            )
+        failing = [(r["name"], r["lastError"]) for r in vmalert_rules(vmalert) if r["lastError"]]
+        assert failing == []
+    rates = _by(answers["pool:vllm_request_success:rate5m"], "pool")
+    assert set(rates) == {"chat", "batch"}
+    assert all(v > 0 for v in rates.values()), rates
+    p90 = _by(answers["pool:vllm_time_to_first_token_seconds:p90_5m"], "pool")
+    assert all(0 < v < 60 for v in p90.values()), p90
