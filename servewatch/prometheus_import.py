@@ -90,6 +90,7 @@ def import_json(report: PrometheusImportReport, *, window: ImportWindow) -> dict
         "unknown_samples": report.unknown_samples,
         "unassigned_series": report.unassigned_series,
         "duplicate_points": report.duplicate_points,
+        "stale_markers": report.stale_markers,
         "problems": [asdict(p) for p in report.problems],
     }
 
