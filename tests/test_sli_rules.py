@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from servewatch.emulator.fleet_config import FleetConfig, PoolSpec, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, WorkloadSpec
 from servewatch.slo.sli_rules import SliLabels, SliRulesError, quantile_name, sli_rules
+from tests.conftest import require_program
 from tests.live_prometheus import (
     fleet_ports,
     instant_query,
@@ -52,6 +54,28 @@ def test_generated_rules_pass_promtool_check(options: dict[str, Any], tmp_path: 
     result = promtool("check", "rules", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules.records)} rules found" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"window": "1h", "quantiles": (0.5, 0.95, 0.999), "interval": "30s"},
+        {"metric_prefix": "vllm_", "labels": SliLabels(replica="pod", pool="service")},
+    ],
+    ids=["defaults", "1h-window", "relabelled"],
+)
+def test_generated_rules_pass_vmalert_dry_run(options: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(sli_rules(**options).to_yaml(), encoding="utf-8")
+    result = subprocess.run(
+        [require_program("vmalert"), "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_rule_names_follow_level_metric_operations() -> None:
