@@ -34,10 +34,10 @@ from tests.live_victoria import running_victoria_metrics, running_vmalert
 
 WINDOW = "20s"
 WINDOW_S = 20.0
-LOADED_S = 14.0
+LOADED_S = 13.0
 RECORD = f"pool:vllm_request_success:rate{WINDOW}"
 SETTLED_S = 2.0  # after the stop, by when every scrape is stored
-INSTANTS_S = 3.0
+INSTANTS_S = 4.0
 TOLERANCE = 0.01
 # What VictoriaMetrics computes as PromQL does (docs/prometheus-import.md says why rates,
 # ratios and most quantiles do not agree): time-averages of gauges.
@@ -244,7 +244,6 @@ def test_recorded_slis_equal_servewatch_raw_computation(runner: CliRunner, tmp_p
                     ties += 1
                 key = (level, sli)
                 compared[key] = compared.get(key, 0) + 1
-        print(name, sum(compared.values()), "values compared,", ties, "quantile ties")
         expected = (
             VICTORIA_AGREES
             if name == "victoria"
@@ -254,3 +253,5 @@ def test_recorded_slis_equal_servewatch_raw_computation(runner: CliRunner, tmp_p
             for sli in expected:
                 assert compared.get((level, sli), 0) >= count * len(instants), (name, level, sli)
         assert sum(compared.values()) >= MIN_COMPARED[name]
+        # Ties are rare (0 to 3 of 360 in development runs): more would hide a real difference.
+        assert ties * 20 <= sum(compared.values()), (name, ties)
