@@ -9,8 +9,9 @@ records (`..._bucket:rate5m`) feed no SLI of their own and are not SLIs here.
 
 The value of a record at an instant is what a Prometheus instant query answers there: the
 series' latest sample at or before it, no older than a lookback (Prometheus' is 5 minutes).
-A recorded figure covers its rule's window ending at its sample's time, so it equals the raw
-computation of `pipeline.metric_sli` over `[ts - window_s, ts]`.
+A recorded figure covers its rule's window ending at its sample's time: evaluated by
+Prometheus it is what `pipeline.metric_sli` computes from the raw series over
+`[ts - window_s, ts]` (MetricsQL's rates differ, docs/prometheus-import.md).
 """
 
 from __future__ import annotations
