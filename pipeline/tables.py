@@ -123,6 +123,18 @@ UNKNOWN_FAMILIES_SCHEMA = pl.Schema(
 
 POINTS_SCHEMA = pl.Schema({"series_id": pl.Int32(), "ts": TIMESTAMP, "value": pl.Float64()})
 
+# Series a Prometheus-compatible server recorded from `servewatch rules sli` (pipeline/
+# recorded_sli.py), imported as they are: already aggregated, so they belong to no target.
+RECORDED_POINTS_SCHEMA = pl.Schema(
+    {
+        "source": pl.String(),
+        "record": pl.String(),
+        "labels": pl.String(),
+        "ts": TIMESTAMP,
+        "value": pl.Float64(),
+    }
+)
+
 REQUEST_MINUTES_SCHEMA = pl.Schema(
     {
         "replica": pl.String(),

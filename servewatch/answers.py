@@ -21,6 +21,7 @@ import polars as pl
 
 from servewatch.health_service import finding_json, health_findings, health_window
 from servewatch.pipeline.instants import format_instant, parse_instant
+from servewatch.pipeline.recorded_sli import recorded_at, recorded_groups
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import Grouping, SliSource, build_sli_report
 from servewatch.pipeline.window import Window
@@ -113,6 +114,32 @@ def sli_answer(
     return build_sli_report(
         window, limits=limits, by=by, step=step, source=source, families=tuple(families)
     )
+
+
+def recorded_sli_answer(
+    store: Store, *, at: datetime | None, level: str, lookback_s: float
+) -> dict[str, Any]:
+    """`sli --recorded --json`: the recorded SLIs of one level (`replica`, `pool`,
+    `pool_model`) at `at` (None: the newest recorded evaluation), each series' latest sample
+    no older than `lookback_s`; `at` is null and `groups` empty when nothing is recorded."""
+    if at is None:
+        newest = store.read_recorded_points().select(pl.col("ts").max()).collect().item()
+        at = newest if isinstance(newest, datetime) else None
+    document: dict[str, Any] = {
+        "source": "recorded",
+        "by": level,
+        "at": format_instant(at),
+        "lookback_s": lookback_s,
+        "groups": [],
+    }
+    if at is None:
+        return document
+    points = store.read_recorded_points(from_ts=at - timedelta(seconds=lookback_s), to_ts=at)
+    rows = recorded_at(points, at_ts=at, lookback_s=lookback_s).collect()
+    document["groups"] = [
+        {**group, "at": format_instant(group["at"])} for group in recorded_groups(rows, level=level)
+    ]
+    return document
 
 
 def health_answer(

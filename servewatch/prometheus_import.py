@@ -1,8 +1,9 @@
 """Prometheus import for the CLI: a client for the server, the plan, chunks under a progress bar.
 
-The reading and storing is `collectors.prometheus.reader`; this module owns what a command
-needs around it: the HTTP client, a progress bar on stderr while chunks are read, and the
-report as JSON.
+The reading and storing is `collectors.prometheus.reader` (raw series) and
+`collectors.prometheus.recorded` (the SLI series `servewatch rules sli` records); this module
+owns what a command needs around them: the HTTP client, a progress bar on stderr while chunks
+are read, and the reports as JSON.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from servewatch.collectors.prometheus.api import PrometheusApi
 from servewatch.collectors.prometheus.reader import (
     ImportWindow,
     PrometheusImportReport,
+    import_chunks,
     import_range,
     plan_import,
+)
+from servewatch.collectors.prometheus.recorded import (
+    RecordedImportReport,
+    import_recorded,
+    recorded_names,
 )
 from servewatch.pipeline.instants import format_instant
 from servewatch.render import err_console
@@ -83,6 +90,7 @@ def import_json(report: PrometheusImportReport, *, window: ImportWindow) -> dict
         "unknown_samples": report.unknown_samples,
         "unassigned_series": report.unassigned_series,
         "duplicate_points": report.duplicate_points,
+        "stale_markers": report.stale_markers,
         "problems": [asdict(p) for p in report.problems],
     }
 
@@ -94,5 +102,72 @@ def import_summary(report: PrometheusImportReport) -> str:
         + f" in {report.chunks} chunks ({report.queries} queries): {report.series_read} series, "
         f"{report.points_read} points read; {report.new_scrapes} new scrapes "
         f"({report.failed_scrapes} failed), {report.new_points} new points"
+        + (f"; {len(report.problems)} problems recorded" if report.problems else "")
+    )
+
+
+def import_recorded_from_prometheus(
+    url: str,
+    *,
+    store: Store,
+    window: ImportWindow,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    client: httpx.Client | None = None,
+) -> RecordedImportReport:
+    """Import the SLI records (`servewatch rules sli`) a Prometheus-compatible server at `url`
+    holds for `window` into `store`'s `recorded_points`."""
+    owned = client is None
+    http = client or httpx.Client(follow_redirects=True)
+    try:
+        api = PrometheusApi(http, url, timeout_s=timeout_s)
+        names = recorded_names(api, window=window)
+        with Progress(
+            TextColumn("import recorded SLIs"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("queries", total=len(names) * len(import_chunks(window)))
+            return import_recorded(
+                api,
+                store=store,
+                window=window,
+                records=names,
+                on_query=lambda n: progress.advance(task, n),
+            )
+    finally:
+        if owned:
+            http.close()
+
+
+def recorded_import_json(report: RecordedImportReport, *, window: ImportWindow) -> dict[str, Any]:
+    return {
+        "url": report.url,
+        "from": format_instant(window.start),
+        "to": format_instant(window.end),
+        "step_s": window.step_s,
+        "recorded": True,
+        "records": list(report.records),
+        "chunks": report.chunks,
+        "queries": report.queries,
+        "series_read": report.series_read,
+        "points_read": report.points_read,
+        "new_points": report.new_points,
+        "problems": [asdict(p) for p in report.problems],
+    }
+
+
+def recorded_import_summary(report: RecordedImportReport) -> str:
+    if not report.records:
+        return (
+            f"{report.url}: no recorded SLI series in this range (servewatch rules sli writes "
+            "the rules; are they loaded, and evaluated in this range?)"
+        )
+    return (
+        f"{report.url}: {len(report.records)} recorded SLI series names in {report.chunks} "
+        f"chunks ({report.queries} queries): {report.series_read} series, "
+        f"{report.points_read} points read; {report.new_points} new points"
         + (f"; {len(report.problems)} problems recorded" if report.problems else "")
     )

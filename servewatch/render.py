@@ -139,6 +139,23 @@ def _significant(value: Any) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else f"{value:,}"
 
 
+def recorded_sli_table(document: dict[str, Any]) -> Table:
+    """`sli --recorded`: one row per recorded group, one column per SLI it recorded."""
+    table = Table(title=f"Recorded SLIs at {document['at']} (by {document['by']})")
+    names = sorted({name for group in document["groups"] for name in group["slis"]})
+    for header in ("group", "window", "evaluated", *names):
+        table.add_column(header, justify="left" if header == "group" else "right")
+    for group in document["groups"]:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(group["labels"].items()))
+        table.add_row(
+            labels,
+            format_duration(round(group["window_s"])),
+            group["at"],
+            *(_significant(group["slis"].get(name)) for name in names),
+        )
+    return table
+
+
 def sli_family_tables(report: dict[str, Any]) -> list[Table]:
     """One table per family of `sli --metric`, its groups then the fleet."""
     group = report["by"] if report["by"] != "fleet" else "scope"

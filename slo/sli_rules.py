@@ -6,9 +6,11 @@ pool and per pool and model.
 
 Names follow Prometheus' `level:metric:operations` convention (level = the labels kept,
 metric = vLLM's family with `:` written `_`, operations newest first with the window), e.g.
-`pool:vllm_time_to_first_token_seconds:p90_5m`. Each level's rules are one group, bucket rates
-before the quantiles read from them: rules of a group run in order, so a quantile reads this
-evaluation's rates. The expressions are the PromQL docs/sli.md gives for each figure, with the
+`pool:vllm_time_to_first_token_seconds:p90_5m`. Each level's rules are one group. Every rule
+reads raw series only, never another record, so one rule file gives the same answers in
+Prometheus and in vmalert (VictoriaMetrics), which remote-writes its records and so cannot hand
+one rule of an evaluation what another recorded in it: a quantile repeats the bucket rates its
+level also records. The expressions are the PromQL docs/sli.md gives for each figure, with the
 same choices: router re-exports (a `server` label) are left out, a renamed family's current
 spelling wins over its old one (`or`, group by group), errors are `finished_reason="error"`.
 """
@@ -187,23 +189,28 @@ def _first_of(expressions: Sequence[str]) -> str:
     return "\nor\n".join(expressions)
 
 
+def _indented(expression: str) -> str:
+    """A multi-line expression as the argument of a function call, two spaces in."""
+    return expression.replace("\n", "\n  ")
+
+
 def _level_rules(level: _Level, quantiles: Sequence[float]) -> list[dict[str, str]]:
     w = level.window
     rules: list[dict[str, str]] = []
     for families in HISTOGRAM_FAMILIES:
-        buckets = level.record(f"{families[0]}_bucket", f"rate{w}")
-        rules.append(
-            {
-                "record": buckets,
-                "expr": _first_of(
-                    [level.rate_sum(f"{family}_bucket", more=("le",)) for family in families]
-                ),
-            }
+        bucket_rates = _first_of(
+            [level.rate_sum(f"{family}_bucket", more=("le",)) for family in families]
         )
+        rules.append(
+            {"record": level.record(f"{families[0]}_bucket", f"rate{w}"), "expr": bucket_rates}
+        )
+        # The quantile repeats the bucket rates rather than reading the record above: vmalert
+        # remote-writes what it records, so a rule reading another record sees an earlier
+        # evaluation's value (or none yet), while Prometheus would see this one's.
         rules += [
             {
                 "record": level.record(families[0], f"{quantile_name(q)}_{w}"),
-                "expr": f"histogram_quantile({q!r}, {buckets})",
+                "expr": f"histogram_quantile(\n  {q!r},\n  {_indented(bucket_rates)}\n)",
             }
             for q in quantiles
         ]

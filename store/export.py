@@ -61,6 +61,7 @@ EXPORT_TABLES: tuple[ExportTable, ...] = (
     ExportTable("unknown_families", ("target_id", "family")),
     ExportTable("alerts", ("changed_ts", "slo", "long_window_s", "short_window_s"), "changed_ts"),
     ExportTable("recommendations", ("created_ts", "name"), "created_ts"),
+    ExportTable("recorded_points", ("source", "record", "labels", "ts"), "ts"),
 )
 
 

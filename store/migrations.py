@@ -420,4 +420,25 @@ MIGRATIONS += (
 )
 
 
+MIGRATIONS += (
+    Migration(
+        version=14,
+        description="recorded_points: the SLI series a fleet's Prometheus (or VictoriaMetrics, "
+        "Thanos, Mimir) recorded from `servewatch rules sli`, imported as evaluated",
+        statements=(
+            """
+            CREATE TABLE recorded_points (
+                source  VARCHAR NOT NULL,
+                record  VARCHAR NOT NULL,
+                labels  VARCHAR NOT NULL,
+                ts      TIMESTAMP NOT NULL,
+                value   DOUBLE,
+                PRIMARY KEY (source, record, labels, ts)
+            )
+            """,
+        ),
+    ),
+)
+
+
 LATEST_VERSION = MIGRATIONS[-1].version

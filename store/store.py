@@ -31,6 +31,7 @@ from servewatch.store.export import Exports
 from servewatch.store.holder import read_holder
 from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
 from servewatch.store.points import PointWrites
+from servewatch.store.recorded import RecordedPoints
 from servewatch.store.requests import RequestWrites
 from servewatch.store.results import Results
 from servewatch.store.status import StatusReads
@@ -42,7 +43,7 @@ IN_MEMORY = ":memory:"
 CHECKPOINT_THRESHOLD = "64MB"
 
 
-class Store(WindowReads, Results, RequestWrites, PointWrites, Exports, StatusReads):
+class Store(WindowReads, Results, RecordedPoints, RequestWrites, PointWrites, Exports, StatusReads):
     """An open store file. Use as a context manager, or call `close()`."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:

@@ -23,6 +23,7 @@ from servewatch.pipeline.tables import (
     ALERTS_SCHEMA,
     INGEST_ERRORS_SCHEMA,
     RECOMMENDATIONS_SCHEMA,
+    RECORDED_POINTS_SCHEMA,
 )
 from servewatch.store import EXPORT_TABLES, ExportError, Store
 from servewatch.store.export import POINT_STORAGE_TABLES
@@ -65,6 +66,17 @@ def _events(store: Store) -> None:
         pl.DataFrame(
             [(ts, "chat", f"{i + 3} hosts", "{}") for i, ts in enumerate(TIMES)],
             schema=RECOMMENDATIONS_SCHEMA,
+            orient="row",
+        )
+    )
+    store.write_recorded_points(
+        pl.DataFrame(
+            [
+                ("http://prometheus:9090", record, '{"pool":"chat"}', ts, 0.25 * i)
+                for i, ts in enumerate(TIMES)
+                for record in ("pool:vllm_request_success:rate5m", "pool:vllm_e2e:p90_5m")
+            ],
+            schema=RECORDED_POINTS_SCHEMA,
             orient="row",
         )
     )
@@ -125,6 +137,7 @@ STORE_READS: dict[str, Reader] = {
     "unknown_families": _whole(lambda s: s.read_unknown_families()),
     "alerts": _whole(lambda s: s.read_alert_changes(), "changed_ts"),
     "recommendations": _whole(lambda s: s.read_recommendations(), "created_ts"),
+    "recorded_points": _whole(lambda s: s.read_recorded_points(), "ts"),
 }
 
 
@@ -144,6 +157,7 @@ READ_ORDERS: dict[str, list[str]] = {
     "unknown_families": ["target_id", "family"],
     "alerts": ["changed_ts", "slo"],
     "recommendations": ["created_ts"],
+    "recorded_points": ["source", "record", "labels", "ts"],
 }
 KEYS: dict[str, list[str]] = {
     "schema_version": ["version"],
@@ -159,6 +173,7 @@ KEYS: dict[str, list[str]] = {
     "unknown_families": ["target_id", "family"],
     "alerts": ["slo", "long_window_s", "short_window_s", "changed_ts"],
     "recommendations": ["name", "created_ts"],
+    "recorded_points": ["source", "record", "labels", "ts"],
 }
 
 

@@ -192,13 +192,14 @@ def test_minutes_rolled_up_before_token_counts_are_recomputed_once(tmp_path: Pat
     with Store.open(db, clock=lambda: T0 + timedelta(hours=1)) as store:
         store.write_requests(frame(rows, 0))
         roll_up_requests(store, criteria=CRITERIA)
-        # As the store was before migration 11 (and so before 12): no token or adapter
+        # As the store was before migration 11 (and so before 12 to 14): no token or adapter
         # columns, fingerprinted without a computation version.
         store._con.execute("ALTER TABLE slo_minutes DROP COLUMN adapter")
         store._con.execute("ALTER TABLE requests DROP COLUMN adapter")
         store._con.execute("ALTER TABLE slo_minutes DROP COLUMN good_output_tokens")
         store._con.execute("ALTER TABLE slo_minutes DROP COLUMN output_tokens")
         store._con.execute("ALTER TABLE targets DROP COLUMN gpu_uuids")
+        store._con.execute("DROP TABLE recorded_points")
         store._con.execute("DELETE FROM schema_version WHERE version >= 11")
         text = "|".join(sorted(repr(c) for c in CRITERIA))
         old = hashlib.sha256(text.encode()).hexdigest()[:16]

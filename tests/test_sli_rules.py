@@ -1,14 +1,16 @@
 """Recording rules for the metric SLIs (`servewatch rules sli`): promtool accepts them, their
 names and expressions are as documented, promtool's own evaluator answers the fallbacks
-(renamed families, no error series, router re-exports, unlabelled series) as intended, and a
+(renamed families, no error series, router re-exports, unlabelled series) as intended, a
 real Prometheus scraping a live emulated fleet records, for every rule, the number the same
-PromQL gives over the raw series at the same instant."""
+PromQL gives over the raw series at the same instant, and VictoriaMetrics scraping the same
+fleet with vmalert evaluating the same file loads every rule and records every series."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from servewatch.emulator.fleet_config import FleetConfig, PoolSpec, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, WorkloadSpec
 from servewatch.slo.sli_rules import SliLabels, SliRulesError, quantile_name, sli_rules
+from tests.conftest import require_program
 from tests.live_prometheus import (
     fleet_ports,
     instant_query,
@@ -29,6 +32,7 @@ from tests.live_prometheus import (
     poll,
     running_prometheus,
 )
+from tests.live_victoria import running_victoria_metrics, running_vmalert, vmalert_rules
 from tests.test_slo_prometheus_rules import promtool
 
 RECORD_NAME = re.compile(r"^(replica|pool|pool_model):vllm_[a-z0-9_]+:[a-z0-9_]+$")
@@ -50,6 +54,28 @@ def test_generated_rules_pass_promtool_check(options: dict[str, Any], tmp_path: 
     result = promtool("check", "rules", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules.records)} rules found" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"window": "1h", "quantiles": (0.5, 0.95, 0.999), "interval": "30s"},
+        {"metric_prefix": "vllm_", "labels": SliLabels(replica="pod", pool="service")},
+    ],
+    ids=["defaults", "1h-window", "relabelled"],
+)
+def test_generated_rules_pass_vmalert_dry_run(options: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(sli_rules(**options).to_yaml(), encoding="utf-8")
+    result = subprocess.run(
+        [require_program("vmalert"), "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_rule_names_follow_level_metric_operations() -> None:
@@ -91,7 +117,9 @@ def test_expressions_are_the_promql_servewatch_evaluates() -> None:
         'sum by (pool, le) (rate(vllm:time_to_first_token_seconds_bucket{server="",pool!=""}[5m]))'
     )
     assert pool["pool:vllm_time_to_first_token_seconds:p90_5m"] == (
-        "histogram_quantile(0.9, pool:vllm_time_to_first_token_seconds_bucket:rate5m)"
+        "histogram_quantile(\n  0.9,\n  "
+        'sum by (pool, le) (rate(vllm:time_to_first_token_seconds_bucket{server="",pool!=""}[5m]))'
+        "\n)"
     )
     assert pool["pool:vllm_generation_tokens:rate5m"] == (
         'sum by (pool) (rate(vllm:generation_tokens_total{server="",pool!=""}[5m]))'
@@ -101,13 +129,10 @@ def test_expressions_are_the_promql_servewatch_evaluates() -> None:
         "sum by (pool, model_name) "
         '(avg_over_time(vllm:num_requests_waiting{server="",pool!="",model_name!=""}[5m]))'
     )
-    # Each quantile reads a bucket rate recorded earlier in its own group.
+    # No rule reads a record: vmalert could only hand it an earlier evaluation's value.
     for group in sli_rules().groups:
-        seen: set[str] = set()
         for rule in group["rules"]:
-            read = re.findall(r"\b(\w+:\w+:\w+)\b", rule["expr"])
-            assert set(read) <= seen, rule
-            seen.add(rule["record"])
+            assert not re.findall(r"\b(\w+:\w+:\w+)\b", rule["expr"]), rule
 
 
 def test_options_reach_names_labels_and_selectors() -> None:
@@ -121,7 +146,8 @@ def test_options_reach_names_labels_and_selectors() -> None:
     assert {g["interval"] for g in rules.groups} == {"15s"}
     replica = {r["record"]: r["expr"] for r in rules.groups[0]["rules"]}
     assert replica["replica:vllm_e2e_request_latency_seconds:p99_9_5m"] == (
-        "histogram_quantile(0.999, replica:vllm_e2e_request_latency_seconds_bucket:rate5m)"
+        "histogram_quantile(\n  0.999,\n  sum by (pod, le) "
+        '(rate(vllm_e2e_request_latency_seconds_bucket{server="",pod!=""}[5m]))\n)'
     )
     assert replica["replica:vllm_request_success:rate5m"] == (
         'sum by (pod) (rate(vllm_request_success_total{server="",pod!=""}[5m]))'
@@ -346,3 +372,52 @@ def test_recorded_slis_equal_the_same_promql_over_the_raw_series(tmp_path: Path)
         rates = _by(instant_query(client, "pool:vllm_request_success:rate5m", time_s=at_s), "pool")
         assert set(rates) == {"chat", "batch"}
         assert all(v > 0 for v in rates.values()), rates
+
+
+# -- VictoriaMetrics scraping the fleet, vmalert evaluating the same rule file -----------------
+
+
+def _expected_series(record: str, answer: list[dict[str, Any]], replicas: int) -> int:
+    level = record.split(":", maxsplit=1)[0]
+    expected = {"replica": replicas, "pool": 2, "pool_model": 2}[level]
+    if record.endswith("_bucket:rate5m"):
+        expected *= max(1, len({r["metric"].get("le") for r in answer}))
+    return expected
+
+
+@pytest.mark.slow
+def test_victoria_metrics_with_vmalert_records_every_rule(tmp_path: Path) -> None:
+    rules = sli_rules()
+    rule_file = tmp_path / "sli_rules.yml"
+    rule_file.write_text(rules.to_yaml(), encoding="utf-8")
+    ports = fleet_ports(FLEET)
+    job = _vllm_job(LiveFleetServer(FLEET.placements(), started_s=0.0, ports=ports))
+    replicas = len(job["static_configs"])
+    with (
+        running_victoria_metrics(tmp_path, [job]) as victoria,
+        running_vmalert(tmp_path, victoria, [rule_file]) as vmalert,
+    ):
+        loaded = vmalert_rules(vmalert)
+        # vmalert lists its groups in an order of its own; each group's rules in file order.
+        assert sorted(r["name"] for r in loaded) == sorted(rules.records)
+        assert all(r["type"] == "recording" for r in loaded)
+        with live_fleet(FLEET, seed=5, ports=ports):
+
+            def every_record_has_its_series() -> dict[str, list[Any]] | None:
+                answers = {record: instant_query(victoria, record) for record in rules.records}
+                complete = all(
+                    len(answer) == _expected_series(record, answer, replicas)
+                    for record, answer in answers.items()
+                )
+                return answers if complete else None
+
+            answers = poll(
+                "vmalert to record every rule in VictoriaMetrics", every_record_has_its_series
+            )
+        failing = [(r["name"], r["lastError"]) for r in vmalert_rules(vmalert) if r["lastError"]]
+        assert failing == []
+    rates = _by(answers["pool:vllm_request_success:rate5m"], "pool")
+    assert set(rates) == {"chat", "batch"}
+    assert all(v > 0 for v in rates.values()), rates
+    p90 = _by(answers["pool:vllm_time_to_first_token_seconds:p90_5m"], "pool")
+    assert all(0 < v < 60 for v in p90.values()), p90

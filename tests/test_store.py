@@ -14,6 +14,7 @@ from servewatch.pipeline.tables import (
     INGEST_ERRORS_SCHEMA,
     POINTS_SCHEMA,
     RECOMMENDATIONS_SCHEMA,
+    RECORDED_POINTS_SCHEMA,
     REQUEST_MINUTES_SCHEMA,
     REQUESTS_SCHEMA,
     SAMPLES_SCHEMA,
@@ -85,6 +86,7 @@ def test_new_store_has_raw_tables_at_latest_version(store: Store) -> None:
         ("unknown_families", UNKNOWN_FAMILIES_SCHEMA),
         ("alerts", ALERTS_SCHEMA),
         ("recommendations", RECOMMENDATIONS_SCHEMA),
+        ("recorded_points", RECORDED_POINTS_SCHEMA),
     ],
 )
 def test_schema_constants_match_tables(store: Store, table: str, schema: pl.Schema) -> None:

@@ -27,7 +27,9 @@ A series's kind is its `kind` label, else the catalogue that knows its name, els
 target's kind.
 
 Every instant (STEP) or scrape timestamp (RAW) of a target becomes a scrape; `up == 0` at an
-instant records a failed one. Scrapes already stored are skipped with their samples, so
+instant records a failed one, and a NaN at an instant its target was not scraped (`up == 1`
+absent) is a staleness marker, not a value: VictoriaMetrics returns them in range vectors, and
+they are left out and counted. Scrapes already stored are skipped with their samples, so
 importing a range twice leaves the tables as they were. Malformed series or points in an
 answer, and server warnings, are recorded in `ingest_errors` and the rest is kept; a failed
 query stops the import with `PrometheusApiError` (chunks written before it stay written, and a
@@ -409,6 +411,7 @@ class ChunkFrames:
     samples: pl.DataFrame
     unknown: pl.DataFrame
     duplicate_points: int
+    stale_markers: int = 0
 
 
 def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
@@ -433,14 +436,24 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
         {"series_index": rows.point_series, "ts_ms": rows.point_ts_ms, "value": rows.point_value},
         schema={"series_index": pl.Int64(), "ts_ms": pl.Int64(), "value": pl.Float64()},
     )
+    up = pl.LazyFrame(
+        {"target_id": rows.up_target, "ts_ms": rows.up_ts_ms, "up": rows.up_value},
+        schema={"target_id": pl.String(), "ts_ms": pl.Int64(), "up": pl.Float64()},
+    ).select("target_id", ts=_ts("ts_ms"), up="up")
     # Two Prometheus series can differ only by labels the store does not keep (two jobs
     # scraping one address, say); the first one read is kept.
-    joined = (
+    read_points = (
         points.join(series, on="series_index", how="inner", maintain_order="left")
         .with_columns(scrape_ts=_ts("ts_ms"))
         .with_columns(ts=pl.col("scrape_ts"))
         .drop("series_index", "ts_ms")
     )
+    # VictoriaMetrics answers range vectors with its staleness markers in them, as NaN at an
+    # instant its target was not scraped (Prometheus leaves them out): no page said that NaN.
+    scraped = up.filter(pl.col("up") == 1).select("target_id", "ts", _scraped=pl.lit(value=True))
+    stale = pl.col("value").is_nan() & pl.col("_scraped").is_null()
+    marked = read_points.join(scraped, on=["target_id", "ts"], how="left", maintain_order="left")
+    joined = marked.filter(~stale).drop("_scraped")
     samples_all = joined.unique(["target_id", "metric", "labels", "ts"], keep="first").sort(
         "target_id", "ts", "metric", "labels"
     )
@@ -465,10 +478,6 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
         )
         .sort("target_id", "family")
     )
-    up = pl.LazyFrame(
-        {"target_id": rows.up_target, "ts_ms": rows.up_ts_ms, "up": rows.up_value},
-        schema={"target_id": pl.String(), "ts_ms": pl.Int64(), "up": pl.Float64()},
-    ).select("target_id", ts=_ts("ts_ms"), up="up")
     stored_counts = stored.group_by("target_id", ts="scrape_ts").agg(stored=pl.len())
     pages = (
         pl.concat(
@@ -503,8 +512,16 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
     seen = scrapes.group_by("target_id").agg(
         first_seen_ts=pl.col("ts").min(), last_seen_ts=pl.col("ts").max()
     )
-    read, distinct, stored_df, unknown_df, scrapes_df, seen_df = pl.collect_all(
-        [joined.select(pl.len()), samples_all.select(pl.len()), stored, unknown, scrapes, seen]
+    markers, read, distinct, stored_df, unknown_df, scrapes_df, seen_df = pl.collect_all(
+        [
+            marked.filter(stale).select(pl.len()),
+            joined.select(pl.len()),
+            samples_all.select(pl.len()),
+            stored,
+            unknown,
+            scrapes,
+            seen,
+        ]
     )
     targets = targets_frame(
         (rows.targets[target_id], first, last) for target_id, first, last in seen_df.iter_rows()
@@ -515,6 +532,7 @@ def chunk_frames(rows: ChunkRows, *, keep_uncatalogued: bool) -> ChunkFrames:
         samples=stored_df.cast(SAMPLES_SCHEMA),
         unknown=unknown_df.cast(UNKNOWN_FAMILIES_SCHEMA),
         duplicate_points=int(read.item()) - int(distinct.item()),
+        stale_markers=int(markers.item()),
     )
 
 
@@ -539,6 +557,7 @@ class PrometheusImportReport:
     unknown_samples: int = 0
     unassigned_series: int = 0
     duplicate_points: int = 0
+    stale_markers: int = 0
     problems: list[Reject] = field(default_factory=list)
 
 
@@ -616,6 +635,7 @@ def import_range(
         report.points_read += rows.points_read
         report.unassigned_series += rows.unassigned_series
         report.duplicate_points += frames.duplicate_points
+        report.stale_markers += frames.stale_markers
         report.new_scrapes += new_scrapes
         report.new_points += new_points
         report.failed_scrapes += frames.scrapes.filter(~pl.col("ok")).height

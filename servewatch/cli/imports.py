@@ -23,7 +23,14 @@ from servewatch.cli.app import (
 from servewatch.collectors.prometheus.api import PrometheusApiError
 from servewatch.collectors.prometheus.reader import ImportWindow, Resolution
 from servewatch.pipeline.instants import parse_duration
-from servewatch.prometheus_import import import_from_prometheus, import_json, import_summary
+from servewatch.prometheus_import import (
+    import_from_prometheus,
+    import_json,
+    import_recorded_from_prometheus,
+    import_summary,
+    recorded_import_json,
+    recorded_import_summary,
+)
 from servewatch.render import err_console, labelled, out_console, print_json
 
 StepOption = Annotated[
@@ -61,6 +68,15 @@ KeepUncataloguedOption = Annotated[
         show_default=False,
     ),
 ]
+RecordedOption = Annotated[
+    bool,
+    typer.Option(
+        "--recorded",
+        help="Import only the SLI series `servewatch rules sli` has the server record "
+        "(replica:, pool:, pool_model: names), as evaluated, for `servewatch sli --recorded`; "
+        "no raw series. Works with Prometheus, Thanos, Mimir and VictoriaMetrics (vmalert).",
+    ),
+]
 
 
 @import_app.command("prometheus")
@@ -79,6 +95,7 @@ def import_prometheus(
     resolution: ResolutionOption = None,
     raw: RawOption = False,
     keep_uncatalogued: KeepUncataloguedOption = None,
+    recorded: RecordedOption = False,
     config_path: Annotated[
         Path,
         typer.Option(
@@ -93,7 +110,7 @@ def import_prometheus(
     The catalogued families a Prometheus (Thanos, Mimir) already holds for the range are read
     through its HTTP API into the tables a scrape fills, as stored (raw samples at their scrape
     times) unless --resolution step; importing a range twice changes nothing, and an import cut
-    short resumes where it stopped.
+    short resumes where it stopped. --recorded reads the recorded SLI series instead.
     """
     state = ctx.ensure_object(CliState)
     import_prometheus_range(
@@ -107,6 +124,7 @@ def import_prometheus(
         raw=raw,
         keep_uncatalogued=keep_uncatalogued,
         as_json=as_json,
+        recorded=recorded,
     )
 
 
@@ -143,8 +161,10 @@ def import_prometheus_range(
     keep_uncatalogued: bool | None,
     as_json: bool,
     resolution: Resolution | None = None,
+    recorded: bool = False,
 ) -> None:
-    """Import [--from, --to) of the catalogued families the Prometheus at `url` holds."""
+    """Import [--from, --to) of the catalogued families the Prometheus at `url` holds, or with
+    `recorded` the SLI series its rules recorded."""
     # The config is optional here: it only lends the store path, step and keep option.
     config = load_config_or_fail(config_path) if config_path.exists() else None
     if config is not None and config.store_path != DEFAULT_DB and state.db == DEFAULT_DB:
@@ -152,6 +172,9 @@ def import_prometheus_range(
     from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
     if from_ts is None or to_ts is None:
         raise fail("a Prometheus import needs --from and --to", code=EXIT_BAD_INPUT)
+    if recorded:
+        _check_recorded_options(resolution=resolution, keep_uncatalogued=keep_uncatalogued)
+        resolution = Resolution.RAW
     chosen = chosen_resolution(resolution, raw=raw, step=step)
     try:
         step_s = (
@@ -167,6 +190,9 @@ def import_prometheus_range(
         )
     except ValueError as exc:
         raise fail(f"--from/--to/--step: {exc}", code=EXIT_BAD_INPUT) from exc
+    if recorded:
+        _import_recorded(state, url, window=window, as_json=as_json)
+        return
     keep = keep_uncatalogued
     if keep is None:
         keep = config.scrape.keep_uncatalogued if config is not None else True
@@ -179,5 +205,39 @@ def import_prometheus_range(
         print_json(import_json(report, window=window))
         return
     out_console.print(import_summary(report), highlight=False)
+    for problem in report.problems:
+        err_console.print(labelled("problem", str(problem)))
+
+
+def _check_recorded_options(
+    *, resolution: Resolution | None, keep_uncatalogued: bool | None
+) -> None:
+    """--recorded reads the recorded series as evaluated: options about raw families or step
+    instants have nothing to act on."""
+    if resolution is Resolution.STEP:
+        raise fail(
+            "--recorded with --resolution step: recorded series are read as evaluated, one "
+            "sample per rule evaluation; leave --resolution out (--step sizes the chunks: give "
+            "the rules' evaluation interval)",
+            code=EXIT_BAD_INPUT,
+        )
+    if keep_uncatalogued is not None:
+        raise fail(
+            "--recorded with --keep-uncatalogued/--catalogued-only: a recorded import reads the "
+            "SLI records only; leave the option out",
+            code=EXIT_BAD_INPUT,
+        )
+
+
+def _import_recorded(state: CliState, url: str, *, window: ImportWindow, as_json: bool) -> None:
+    with open_store(state, create=True) as store:
+        try:
+            report = import_recorded_from_prometheus(url, store=store, window=window)
+        except PrometheusApiError as exc:
+            raise fail(f"{exc} (chunks imported before this are kept; rerun to resume)") from exc
+    if as_json:
+        print_json(recorded_import_json(report, window=window))
+        return
+    out_console.print(recorded_import_summary(report), highlight=False)
     for problem in report.problems:
         err_console.print(labelled("problem", str(problem)))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 
-from servewatch.answers import sli_answer
+from servewatch.answers import recorded_sli_answer, sli_answer
 from servewatch.cli.app import (
     EXIT_BAD_INPUT,
     CliState,
@@ -17,9 +18,11 @@ from servewatch.cli.app import (
     fail,
     instant,
     limit_s,
+    open_store,
     read_window,
 )
 from servewatch.pipeline.instants import format_instant, parse_duration
+from servewatch.pipeline.recorded_sli import DEFAULT_LOOKBACK_S
 from servewatch.pipeline.request_sli import GoodputLimits
 from servewatch.pipeline.sli_report import Grouping, SliSource, points_window
 from servewatch.pipeline.window import WindowQuery
@@ -27,6 +30,7 @@ from servewatch.render import (
     err_console,
     out_console,
     print_json,
+    recorded_sli_table,
     sli_family_tables,
     sli_histogram_tables,
     sli_series_table,
@@ -75,6 +79,14 @@ def sli(
             "histogram, increase of a counter, mean and max of a gauge.",
         ),
     ] = None,
+    recorded: Annotated[
+        bool,
+        typer.Option(
+            "--recorded",
+            help="Answer from the recorded SLI series (`import prometheus --recorded`) at --to "
+            "(default: the newest evaluation), by replica, pool or model (pool and model).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """SLIs from traces and from scraped histograms, per replica, pool, model, adapter or fleet.
@@ -86,9 +98,21 @@ def sli(
     TTFT, ITL, TPOT and e2e quantiles as PromQL's histogram_quantile over the window, KV-cache
     usage, prefix-cache hit rate, running and waiting requests, preemptions, token throughput,
     finish reasons and GPU utilisation and power, shown when scraped series exist in the window.
+    Recorded (--recorded): the values the fleet's Prometheus recorded from `servewatch rules
+    sli`, each over its rule's window ending at its evaluation (docs/prometheus-import.md).
     """
     state = ctx.ensure_object(CliState)
     from_ts, to_ts = instant(from_, "--from"), instant(to, "--to")
+    if recorded:
+        given = {
+            "--from": from_ is not None,
+            "--window": window is not None,
+            "--ttft-ms/--tpot-ms/--e2e-ms": any(v is not None for v in (ttft_ms, tpot_ms, e2e_ms)),
+            "--metric": bool(metric),
+            "--source": source is not SliSource.BOTH,
+        }
+        _recorded_sli(state, to_ts=to_ts, by=by, as_json=as_json, refused=given)
+        return
     if from_ts and to_ts and to_ts <= from_ts:
         raise fail(
             f"--to ({format_instant(to_ts)}) must be after --from ({format_instant(from_ts)})",
@@ -112,15 +136,7 @@ def sli(
     if as_json:
         print_json(report)
     else:
-        if source.traces:
-            out_console.print(sli_table(report))
-            if step is not None:
-                out_console.print(sli_series_table(report))
-        if "histograms" in report:
-            for table in sli_histogram_tables(report):
-                out_console.print(table)
-        for table in sli_family_tables(report):
-            out_console.print(table)
+        _print_tables(report, source=source, stepped=step is not None)
     if source.histograms and "histograms" not in report:
         err_console.print(
             f"no scraped series in {state.stores_named} for this window: scrape or replay first"
@@ -128,4 +144,59 @@ def sli(
     if source.traces and report["overall"]["requests"] == 0:
         err_console.print(
             f"no requests in {state.stores_named} for this window: ingest traces first"
+        )
+
+
+def _print_tables(report: dict[str, Any], *, source: SliSource, stepped: bool) -> None:
+    if source.traces:
+        out_console.print(sli_table(report))
+        if stepped:
+            out_console.print(sli_series_table(report))
+    if "histograms" in report:
+        for table in sli_histogram_tables(report):
+            out_console.print(table)
+    for table in sli_family_tables(report):
+        out_console.print(table)
+
+
+_RECORDED_LEVELS = {
+    Grouping.REPLICA: "replica",
+    Grouping.POOL: "pool",
+    Grouping.MODEL: "pool_model",
+}
+
+
+def _recorded_sli(
+    state: CliState,
+    *,
+    to_ts: datetime | None,
+    by: Grouping,
+    as_json: bool,
+    refused: dict[str, bool],
+) -> None:
+    """`sli --recorded`: the recorded SLIs of one level at one instant."""
+    for option, present in refused.items():
+        if present:
+            raise fail(
+                f"--recorded with {option}: recorded SLIs are read at one instant (--to), each "
+                "over its own rule's window, with no limits or other sources; leave it out",
+                code=EXIT_BAD_INPUT,
+            )
+    level = _RECORDED_LEVELS.get(by)
+    if level is None:
+        raise fail(
+            f"--recorded with --by {by.value}: the rules record replica, pool and pool_model "
+            "levels only; give --by replica, pool or model (pool and model)",
+            code=EXIT_BAD_INPUT,
+        )
+    with open_store(state, read_only=True) as store:
+        document = recorded_sli_answer(store, at=to_ts, level=level, lookback_s=DEFAULT_LOOKBACK_S)
+    if as_json:
+        print_json(document)
+    else:
+        out_console.print(recorded_sli_table(document))
+    if not document["groups"]:
+        err_console.print(
+            f"no recorded {level} SLIs in {state.db} at this instant: "
+            "servewatch import prometheus URL --recorded first"
         )
