@@ -17,7 +17,7 @@
    ResourceSpans index and ((key index, str or None), ...)), then buffers: combo ids (uint32),
    trace id and span id hex (large_string offsets and data), request id and error type
    (validity, offsets, data), ok (bitmap), prompt, completion and max tokens (validity, int64),
-   six latencies (validity, float64), start and end (int64 ns).
+   six latencies (validity, float64), start and end (int64 microseconds, truncated).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -456,8 +456,8 @@ static int span(Out *o, const Mapping *m, Slice s, uint32_t resource_index) {
         put_bit(&o->ok_bits, row, code != STATUS_ERROR && !has_error) ||
         put_count(o, 0, has_prompt == PRESENT, prompt) ||
         put_count(o, 1, has_completion == PRESENT, completion) ||
-        put_count(o, 2, has_max == PRESENT, max_tokens) || put_u64(&o->start, start) ||
-        put_u64(&o->end, finish))
+        put_count(o, 2, has_max == PRESENT, max_tokens) || put_u64(&o->start, start / 1000) ||
+        put_u64(&o->end, finish / 1000))
         return FAIL;
     for (int i = 0; i < 6; i++) {
         if (put_bit(&o->latency_valid[i], row, has_latency[i]) ||
