@@ -250,11 +250,30 @@ static int status_code(Slice s, int32_t *code) {
     return 0;
 }
 
+#define MAX_KEY_BYTES 255 /* longer keys are compared one by one */
+
 typedef struct {
     Slice keys[MAX_KEYS];
     int n_keys;
     Slice span_name;
+    /* Key indices by key length: by_length[first[n] .. first[n + 1]) have n bytes. Most of a
+       span's attributes are then found, or known absent, by one or two comparisons. */
+    uint8_t first[MAX_KEY_BYTES + 2];
+    uint8_t by_length[MAX_KEYS];
 } Mapping;
+
+static void index_keys(Mapping *m) {
+    int count[MAX_KEY_BYTES + 2] = {0};
+    for (int i = 0; i < m->n_keys; i++) count[m->keys[i].n <= MAX_KEY_BYTES ? m->keys[i].n : MAX_KEY_BYTES + 1]++;
+    int at = 0;
+    for (int n = 0; n <= MAX_KEY_BYTES + 1; n++) { m->first[n] = (uint8_t)at; at += count[n]; }
+    int next[MAX_KEY_BYTES + 2];
+    for (int n = 0; n <= MAX_KEY_BYTES + 1; n++) next[n] = m->first[n];
+    for (int i = 0; i < m->n_keys; i++) {
+        size_t n = m->keys[i].n <= MAX_KEY_BYTES ? m->keys[i].n : MAX_KEY_BYTES + 1;
+        m->by_length[next[n]++] = (uint8_t)i;
+    }
+}
 
 typedef struct {
     size_t rows, spans;
@@ -278,6 +297,14 @@ typedef struct {
 } Attrs;
 
 static inline int lookup(const Mapping *m, Slice key) {
+    if (key.n <= MAX_KEY_BYTES) {
+        int stop = m->first[key.n + 1];
+        for (int j = m->first[key.n]; j < stop; j++) {
+            int i = m->by_length[j];
+            if (key.n == m->keys[i].n && memcmp(m->keys[i].p, key.p, key.n) == 0) return i;
+        }
+        return -1;
+    }
     for (int i = 0; i < m->n_keys; i++) {
         if (m->keys[i].n == key.n && memcmp(m->keys[i].p, key.p, key.n) == 0) return i;
     }
@@ -553,6 +580,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         m.keys[i].p = (const uint8_t *)PyBytes_AS_STRING(key);
         m.keys[i].n = (size_t)PyBytes_GET_SIZE(key);
     }
+    index_keys(&m);
     Out o;
     memset(&o, 0, sizeof o);
     PyObject *resources = PyList_New(0), *result = NULL;
