@@ -18,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from bench.otlp_receive import _request
+from bench.otlp_receive import export_body
 from servewatch.collectors.traces import otlp_native
 from servewatch.collectors.traces.otlp_protobuf import (
     OtlpProtobufError,
@@ -89,7 +89,7 @@ def assert_same(body: bytes, mapping: SpanMapping = MAPPINGS[0]) -> bool:
 
 def vllm_body(seed: int, spans: int = 40) -> bytes:
     """A body as vLLM's SDK sends it (the benchmark's generator)."""
-    body, _ = _request(random.Random(seed), seed * 1000, spans, 1_795_000_000 * 10**9)
+    body, _ = export_body(random.Random(seed), seed * 1000, spans, 1_795_000_000 * 10**9)
     return body
 
 
