@@ -28,6 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -139,8 +140,17 @@ class NativeStatus:
     reason: str
 
 
-@functools.cache
+_loading = threading.Lock()
+
+
 def _loaded() -> tuple[ModuleType | None, NativeStatus]:
+    # Receiver threads ask at once on the first exports: the extension is loaded once.
+    with _loading:
+        return _load()
+
+
+@functools.cache
+def _load() -> tuple[ModuleType | None, NativeStatus]:
     if os.environ.get(DISABLE_ENV) == "0":
         return None, NativeStatus(False, f"{DISABLE_ENV}=0")
     try:
@@ -163,7 +173,8 @@ def status() -> NativeStatus:
 
 def reload() -> NativeStatus:
     """Look for a build again (after `build()` in this process)."""
-    _loaded.cache_clear()
+    with _loading:
+        _load.cache_clear()
     return status()
 
 
