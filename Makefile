@@ -12,10 +12,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
 	@touch $(STAMP)
 
-# The emulator's hot modules compiled with mypyc (emulator/native.py), kept outside the tree and
-# keyed by the sources: a no-op when current; a failed build leaves the emulator pure Python.
+# The emulator's hot modules compiled with mypyc (emulator/native.py) and the OTLP receiver's C
+# decoder (collectors/traces/otlp_native.py), kept outside the tree and keyed by the sources: a
+# no-op when current; a failed build leaves that part pure Python.
 native: $(STAMP)
 	@$(BIN)/python -m servewatch.emulator native build || true
+	@$(BIN)/python -m servewatch.collectors.traces native build || true
 
 demo: native
 	$(BIN)/servewatch demo --out demo-out

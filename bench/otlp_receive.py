@@ -48,7 +48,8 @@ def _kv(key: str, value: float | int | str) -> KeyValue:
     return kv
 
 
-def _request(rng: random.Random, first: int, count: int, t_ns: int) -> tuple[bytes, int]:
+def export_body(rng: random.Random, first: int, count: int, t_ns: int) -> tuple[bytes, int]:
+    """One export of `count` request spans from span `first` on, after `t_ns`; and its last time."""
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
     replica = f"vllm-{rng.randrange(REPLICAS)}"
@@ -101,7 +102,7 @@ def bodies_file(n_spans: int, *, seed: int = 11) -> Path:
         first = 0
         while first < n_spans:
             count = min(rng.randrange(512, 1001), n_spans - first)
-            body, t_ns = _request(rng, first, count, t_ns)
+            body, t_ns = export_body(rng, first, count, t_ns)
             out.write(_LENGTH.pack(len(body)))
             out.write(body)
             first += count

@@ -7,7 +7,7 @@ stop the writer. Trace batches are written together: a DuckDB insert into the de
 `requests` table costs about ten milliseconds before its first row (a few microseconds per row
 after), so the writer takes the trace batches queued behind the first and keeps collecting while
 they keep coming: until none arrives for `MERGE_GAP_S` (0.05 s), for at most `linger_s` (0.2 s)
-or 50,000 rows. A busy receiver so writes a few large inserts a second instead of one small
+or 100,000 rows. A busy receiver so writes a few large inserts a second instead of one small
 insert per export, while a lone exporter, which waits for each answer before it sends again,
 waits one gap for its commit, not the whole linger; `flush()` and `close()` end the wait at once.
 
@@ -36,8 +36,10 @@ from servewatch.store import Store
 
 WriteTask = Callable[[Store], object]  # what a task returns is ignored
 T = TypeVar("T")
-# Trace batches merged into one insert at most; about 50 exports of 1,000 spans.
-MAX_MERGED_ROWS = 50_000
+# Trace batches merged into one insert at most; about 100 exports of 1,000 spans. Below about
+# this many rows an insert costs more per row (docs/benchmarks.md, otlp_receive); at a DuckDB
+# row group (122,880) or more it is written ahead of its commit and the file grows by 70 %.
+MAX_MERGED_ROWS = 100_000
 LINGER_S = 0.2
 MERGE_GAP_S = 0.05
 

@@ -68,6 +68,15 @@ def test_replaying_spans_in_other_batches_leaves_the_same_table() -> None:
         assert twice.count("requests") == 310
 
 
+def test_a_stored_span_id_of_another_trace_leaves_the_row_in() -> None:
+    rows = spans(5)
+    other_trace = rows.slice(2, 1).with_columns(trace_id=pl.lit("f" * 32), request_id=pl.lit("x"))
+    with Store.open(":memory:") as store:
+        assert store.write_requests(rows) == 5
+        assert store.write_requests(pl.concat([rows.slice(2, 1), other_trace])) == 1
+        assert stored(store)["request_id"].to_list() == [*(f"req-{i}" for i in range(5)), "x"]
+
+
 HOUR = timedelta(hours=1)
 
 

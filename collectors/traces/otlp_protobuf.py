@@ -1,7 +1,9 @@
 """OTLP protobuf trace encoding: ExportTraceServiceRequest bytes decoded into flat spans.
 
 `decode_trace_request_bytes` yields the same `Span` records as the OTLP/JSON decoder, so one
-request mapping serves both. `map_request_spans` is the receiver's hot path: after protobuf has
+request mapping serves both. `map_request_spans` is the receiver's hot path. A plain body (the
+usual case) is read by the compiled decoder (`otlp_native`) straight into request columns; any
+other body, or every body when no build is loaded, takes the reference path: after protobuf has
 parsed (and so validated) the body, it reads the spans again through a schema of our own that
 keeps attributes as encoded KeyValue bytes, and reads only the attributes the mapping uses,
 straight from those bytes when they are encoded as SDKs encode them (anything else goes through
@@ -20,7 +22,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from servewatch.collectors.traces import otlp_native
 from servewatch.collectors.traces.otlp_json import AttrValue, DecodedRequest, OtlpJsonError, Span
 from servewatch.collectors.traces.request_spans import RequestRows, SpanMappingError
 
@@ -108,9 +112,35 @@ def map_request_spans(body: bytes, rows: RequestRows, *, source: str) -> MappedR
     The same rows and errors as `decode_trace_request_bytes` followed by `rows.add` per request
     span, without decoding what the mapping never reads.
     """
+    columns = otlp_native.decode(body, rows.mapping)
+    if columns is not None:
+        return _map_columns(columns, rows, source)
+    return map_request_spans_reference(body, rows, source=source)
+
+
+def map_request_spans_reference(body: bytes, rows: RequestRows, *, source: str) -> MappedRequest:
+    """`map_request_spans` without the compiled decoder: what it must equal, and what decides
+    (and words) every refusal."""
     # The generated classes parse (and so validate) everything: what they refuse is refused.
     _parsed(body)
     return _map_flat(body, rows, source)
+
+
+def _map_columns(columns: otlp_native.Columns, rows: RequestRows, source: str) -> MappedRequest:
+    """`map_request_spans` of a body the compiled decoder read: the dimensions are mapped once
+    per resource and per distinct set of span-level dimension values, then gathered."""
+    resources = [
+        rows.resource_dimensions(
+            attributes_dict(Resource.FromString(encoded).attributes if encoded else ())
+        )
+        for encoded in columns.resources
+    ]
+    if columns.rows:
+        dimension_rows = [
+            rows.span_dimensions(dict(values), resources[index]) for index, values in columns.combos
+        ]
+        rows.add_frame(otlp_native.request_frame(columns, dimension_rows, source))
+    return MappedRequest(spans=columns.spans, request_spans=columns.rows)
 
 
 # -- the flat reader ---------------------------------------------------------------------------

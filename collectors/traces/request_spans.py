@@ -207,7 +207,8 @@ _ROW_COLUMNS = (
 )
 assert sorted(_ROW_COLUMNS) == sorted(REQUESTS_SCHEMA.names()), "request row layout drifted"
 _LATENCY_ATTRIBUTES = tuple(LATENCY_KEYS.values())
-_MAX_TOKENS_KEYS = ("gen_ai.request.max_tokens",)
+MAX_TOKENS_KEY = "gen_ai.request.max_tokens"
+_MAX_TOKENS_KEYS = (MAX_TOKENS_KEY,)
 REQUEST_ID_KEY = "gen_ai.request.id"
 ERROR_TYPE_KEY = "error.type"
 
@@ -239,6 +240,8 @@ class RequestRows:
     _span_lookup_cache: dict[frozenset[str], tuple[tuple[int, tuple[str, ...]], ...]] = field(
         default_factory=dict
     )
+    # Rows already framed column-wise (`add_frame`), in order before `rows`.
+    _frames: list[pl.DataFrame] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._span_level_keys = frozenset(k for keys in self.mapping.dimension_keys for k in keys)
@@ -247,7 +250,7 @@ class RequestRows:
         )
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(frame.height for frame in self._frames) + len(self.rows)
 
     def is_request(self, span: Span) -> bool:
         return span.name == self.mapping.span_name
@@ -370,10 +373,7 @@ class RequestRows:
             type(max_tokens) is not int or not 0 <= max_tokens < INT64_LIMIT
         ):
             max_tokens = _count(attrs, _MAX_TOKENS_KEYS)
-        present = self._span_level_keys.intersection(attrs)
-        row = resource_dimensions.row
-        if present:
-            row = self._span_dimensions(attrs, present, resource_dimensions)
+        row = self.span_dimensions(attrs, resource_dimensions)
         error_type = get(ERROR_TYPE_KEY)
         request_id = get(REQUEST_ID_KEY)
         self.rows.append(
@@ -394,6 +394,23 @@ class RequestRows:
                 None,  # ingested_ts: stamped by the store
             )
         )
+
+    def span_dimensions(
+        self, attrs: Mapping[str, AttrValue], resource: ResourceDimensions
+    ) -> tuple[object, ...]:
+        """A request row's dimensions and emulated flag (DIMENSIONS order): the resource's,
+        unless the span's attributes `attrs` name some."""
+        present = self._span_level_keys.intersection(attrs)
+        if present:
+            return self._span_dimensions(attrs, present, resource)
+        return resource.row
+
+    def add_frame(self, frame: pl.DataFrame) -> None:
+        """Append rows already framed as `to_frame` frames them (a column-wise decoder's)."""
+        if self.rows:
+            self._frames.append(self._rows_frame())
+            self.rows = []
+        self._frames.append(frame)
 
     def _span_dimensions(
         self,
@@ -447,9 +464,23 @@ class RequestRows:
         return found
 
     def to_frame(self) -> pl.DataFrame:
+        frames = self._frames
+        if frames and self.rows:
+            frames = [*frames, self._rows_frame()]
+        if not frames:
+            frame = self._rows_frame()
+        else:
+            frame = frames[0] if len(frames) == 1 else pl.concat(frames)
+        # One export may carry the same span twice (retries); keep the first. Span ids alone
+        # are 64 random bits: when they are all distinct so are the keys, and frame is as is.
+        if frame["span_id"].n_unique() == frame.height:
+            return frame
+        return frame.unique(subset=["trace_id", "span_id"], keep="first", maintain_order=True)
+
+    def _rows_frame(self) -> pl.DataFrame:
         columns = list(zip(*self.rows, strict=True)) if self.rows else [()] * len(_ROW_COLUMNS)
         # One typed Series per column: cheaper than a frame built from the whole row set.
-        frame = pl.DataFrame(
+        return pl.DataFrame(
             [
                 _timestamps(name, column)
                 if name in _TIMESTAMP_COLUMNS
@@ -457,8 +488,6 @@ class RequestRows:
                 for name, column in zip(_ROW_COLUMNS, columns, strict=True)
             ]
         ).select(REQUESTS_SCHEMA.names())
-        # One export may carry the same span twice (retries); keep the first.
-        return frame.unique(subset=["trace_id", "span_id"], keep="first", maintain_order=True)
 
 
 _TIMESTAMP_COLUMNS = frozenset({"arrival_ts", "end_ts"})
