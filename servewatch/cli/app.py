@@ -61,6 +61,8 @@ COMMAND_ORDER = (
     "record",
     "scrape",
     "import",
+    "compact",
+    "rollup",
     "sli",
     "slo",
     "alerts",
