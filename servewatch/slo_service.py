@@ -189,7 +189,9 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
     if not traces or store.rollup_is_current(
         "slo_minutes", fingerprint=criteria_fingerprint(traces)
     ):
-        frames = [store.read_slo_minutes(from_ts=start, to_ts=end)]
+        # Summed in the store over the dimensions no scope selects on.
+        scoped_by = sorted({key for spec in specs for key, _ in spec.scope})
+        frames = [store.read_slo_minutes(from_ts=start, to_ts=end, by=scoped_by)]
     else:
         # Whole minutes, as the rollup keeps them: a request belongs to the minute it ended in.
         requests = store.read_requests(from_ts=start.replace(second=0, microsecond=0), to_ts=end)
