@@ -24,8 +24,9 @@ are generated per SLO, minute, pool and tenant (12 rows per SLO-minute), not per
 `slo status` reads the period's minutes into Polars, and per-replica rows at 1,000 replicas
 (~5.8M per SLO-day) would not fit its memory; that is stated in the output and left open.
 
-Every measurement runs in a fresh child process: its ru_maxrss is the work's peak (target
-under 4 GB). Big data lives under /tmp (SERVEWATCH_BENCH_TMP) and is deleted at the end.
+Every measurement runs in a fresh child process: its VmHWM (peak resident set) is the work's
+peak (target under 4 GB). Big data lives under /tmp (SERVEWATCH_BENCH_TMP) and is deleted at
+the end.
 """
 
 from __future__ import annotations
@@ -251,7 +252,11 @@ def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 result = child(what, args, clock=time.perf_counter, cpu=cpu)
-result["peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child would report the
+# parent's peak (the generator's frames) when that was higher than its own.
+with open("/proc/self/status") as status:
+    hwm = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+result["peak_bytes"] = int(hwm[0]) * 1024
 with open(out, "w") as stream:
     json.dump(result, stream)
 """
