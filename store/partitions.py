@@ -33,6 +33,9 @@ ROW_GROUP_ROWS = 122_880
 # What the merge's DuckDB may hold in memory before it spills to the staging folder.
 MERGE_MEMORY_LIMIT = "2GB"
 _ORDER = "end_ts, replica NULLS LAST, trace_id, span_id"
+# Staged batches are Parquet too, but not named so: a reader globbing `**/*.parquet` below the
+# partitions folder must not count rows that are not merged yet.
+STAGED_SUFFIX = ".staged"
 _SEQUENCE = "_staged_seq"
 
 
@@ -90,7 +93,7 @@ class PartitionWriter:
             f"{date.name}/{hour.name}"
             for date in self.staging.glob("date=*")
             for hour in date.glob("hour=*")
-            if any(hour.glob("*.parquet"))
+            if any(hour.glob(f"*{STAGED_SUFFIX}"))
         ]
         return sorted(found, key=partition_hour)
 
@@ -112,7 +115,7 @@ class PartitionWriter:
             folder = self.staging / partition_of(hour)
             folder.mkdir(parents=True, exist_ok=True)
             rows.drop("_hour").write_parquet(
-                folder / f"batch-{batch:06d}.parquet", compression="lz4", statistics=False
+                folder / f"batch-{batch:06d}{STAGED_SUFFIX}", compression="lz4", statistics=False
             )
         return frame.height
 
@@ -125,7 +128,7 @@ class PartitionWriter:
         self._batches = 0
 
     def _merge_one(self, partition: str) -> PartitionWritten:
-        staged = sorted((self.staging / partition).glob("*.parquet"))
+        staged = sorted((self.staging / partition).glob(f"*{STAGED_SUFFIX}"))
         target = self.folder / partition / PARTITION_FILE
         start = partition_hour(partition)
         columns = column_list(REQUESTS_SCHEMA)
