@@ -72,6 +72,16 @@ class Reads(StoreBase):
         first, last = rows[0]
         return None if first is None else (first, last)
 
+    def last_slo_minute(self) -> datetime | None:
+        """The last minute `slo_minutes` counts requests in (rows counted from metrics aside),
+        or None: where the data of a store rolled up from compacted partitions, which holds
+        no requests itself, ends."""
+        rows = self._con.execute(
+            "SELECT max(minute_ts) FROM slo_minutes WHERE output_tokens IS NOT NULL"
+        ).fetchall()
+        last: datetime | None = rows[0][0]
+        return last
+
     def request_minute_span(
         self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
     ) -> tuple[datetime, datetime] | None:

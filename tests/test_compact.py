@@ -26,6 +26,9 @@ from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 from servewatch.emulator.request_span import RequestTiming, request_span
 from servewatch.pipeline.partitions import MANIFEST_FILE, PARTITION_FILE
 from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.slo.spec import AvailabilitySli, SloSpec
+from servewatch.slo.windows import default_burn_windows
+from servewatch.slo_service import evaluation_instant, status_at
 from servewatch.store import Store
 from servewatch.store.rollup_job import roll_up_requests
 
@@ -306,6 +309,23 @@ def test_the_incremental_rollup_reads_only_changed_partitions(tmp_path: Path) ->
         assert gone.removed == ("date=2026-11-18/hour=12",)
         hours = store.read_request_minutes().collect()["minute_ts"].dt.hour().unique()
         assert sorted(hours.to_list()) == [10, 11]
+
+
+def test_a_status_of_partition_minutes_is_evaluated_at_the_end_of_their_data(
+    tmp_path: Path,
+) -> None:
+    tree = make_tree(tmp_path / "in")
+    out = tmp_path / "out"
+    compact_traces(tree, out, now=NOW)
+    spec = SloSpec("available", AvailabilitySli(), 0.999, 30 * 86400, default_burn_windows())
+    with Store.open(tmp_path / "s.duckdb", clock=lambda: NOW) as store:
+        store.roll_up_partitions(out, criteria=[c for c in [spec.event_criterion()] if c])
+        last_end = partition_rows(out)["end_ts"].max()
+        assert isinstance(last_end, datetime)
+        evaluated = evaluation_instant(store, specs=[spec], at=None, now=NOW)
+        assert evaluated.at == last_end.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        (status,) = status_at(store, specs=[spec], at=evaluated.at)
+        assert (status.good, status.total) == (68, 70)
 
 
 def test_compact_and_rollup_commands(tmp_path: Path) -> None:
