@@ -63,11 +63,13 @@ def _lognormal(row: pl.Expr, seed: int, *, median: float, sigma: float) -> pl.Ex
     return median * (sigma * normal).exp()
 
 
-def hour_of_requests(hour: int, *, per_s: float, seed: int) -> pl.DataFrame:
-    """One hour of request rows, ordered by completion as they would arrive."""
+def hour_of_requests(
+    hour: int, *, per_s: float, seed: int, replicas: int = REPLICAS
+) -> pl.DataFrame:
+    """One hour of request rows over `replicas`, ordered by completion as they would arrive."""
     n = int(per_s * 3600)
     row = pl.col("row")
-    replica = (row.hash(seed) % REPLICAS).cast(pl.Int64)
+    replica = (row.hash(seed) % replicas).cast(pl.Int64)
     pool = replica % len(POOLS)
     slow_pool = pl.when(pool == 2).then(2.0).otherwise(1.0)  # the 70B pool decodes slower
     tenant_draw = _uniform(row, seed + 2)
@@ -137,6 +139,7 @@ def hour_of_requests(hour: int, *, per_s: float, seed: int) -> pl.DataFrame:
         # Ingested a few seconds after completion, as a Collector batch would deliver them.
         ingested_ts=pl.col("end_ts") + pl.duration(seconds=5),
         conversation_id=pl.lit(None, dtype=pl.String),
+        adapter=pl.lit(None, dtype=pl.String),
     ).cast(REQUESTS_SCHEMA)
 
 

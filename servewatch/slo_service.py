@@ -132,8 +132,13 @@ def data_end(store: Store, *, specs: Sequence[SloSpec]) -> tuple[datetime, datet
     requests and samples count."""
     sources = {s.sli.source for s in specs} or {SliSource.TRACES, SliSource.METRICS}
     ends: list[tuple[datetime, datetime]] = []
-    if SliSource.TRACES in sources and (requests := store.requests_range()) is not None:
-        ends.append((requests[1], _floor(requests[1]) + MINUTE))
+    if SliSource.TRACES in sources:
+        if (requests := store.requests_range()) is not None:
+            ends.append((requests[1], _floor(requests[1]) + MINUTE))
+        elif (minute := store.last_slo_minute()) is not None:
+            # Rolled up from compacted partitions: the minutes are all the store knows, so
+            # the data is taken to end with the last minute.
+            ends.append((minute + MINUTE, minute + MINUTE))
     if SliSource.METRICS in sources and (points := store.points_range()) is not None:
         ends.append((points[1], _ceil(points[1])))
     if not ends:
@@ -189,7 +194,9 @@ def slo_minutes_at(store: Store, *, specs: Sequence[SloSpec], at: datetime) -> p
     if not traces or store.rollup_is_current(
         "slo_minutes", fingerprint=criteria_fingerprint(traces)
     ):
-        frames = [store.read_slo_minutes(from_ts=start, to_ts=end)]
+        # Summed in the store over the dimensions no scope selects on.
+        scoped_by = sorted({key for spec in specs for key, _ in spec.scope})
+        frames = [store.read_slo_minutes(from_ts=start, to_ts=end, by=scoped_by)]
     else:
         # Whole minutes, as the rollup keeps them: a request belongs to the minute it ended in.
         requests = store.read_requests(from_ts=start.replace(second=0, microsecond=0), to_ts=end)

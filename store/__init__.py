@@ -2,9 +2,10 @@
 
 One module per concept: `migrations` (the schema's history), `points` and `compaction` (the
 scrape write path and its blocks), `requests` (the span write path), `rollups` and
-`rollup_job` (minute rollups, kept up to date incrementally), `results` (alerts,
-recommendations, rejected input), `reads` and `export` (tables to Parquet). `Store` assembles
-them.
+`rollup_job` (minute rollups, kept up to date incrementally), `partitions` and
+`partition_rollups` (compacted Parquet partitions of requests, and rollups read from them),
+`results` (alerts, recommendations, rejected input), `reads` and `export` (tables to Parquet).
+`Store` assembles them.
 """
 
 from servewatch.store.compaction import CompactionReport
@@ -20,6 +21,8 @@ from servewatch.store.errors import (
 )
 from servewatch.store.export import EXPORT_TABLES, ExportedFile, ExportError
 from servewatch.store.holder import Holder, read_holder, remove_holder, write_holder
+from servewatch.store.partition_rollups import PartitionRollupReport
+from servewatch.store.partitions import PartitionError, PartitionWriter, PartitionWritten
 from servewatch.store.rollup_job import (
     RollupReport,
     roll_up_request_minutes,
@@ -39,6 +42,10 @@ __all__ = [
     "GoodEventLimits",
     "Holder",
     "MinuteRollupSwap",
+    "PartitionError",
+    "PartitionRollupReport",
+    "PartitionWriter",
+    "PartitionWritten",
     "RollupReport",
     "SchemaTooNewError",
     "Store",

@@ -58,6 +58,7 @@ EXPORT_TABLES: tuple[ExportTable, ...] = (
         "minute_ts",
     ),
     ExportTable("rollup_watermarks", ("source",)),
+    ExportTable("rollup_partitions", ("rollup", "partition")),
     ExportTable("unknown_families", ("target_id", "family")),
     ExportTable("alerts", ("changed_ts", "slo", "long_window_s", "short_window_s"), "changed_ts"),
     ExportTable("recommendations", ("created_ts", "name"), "created_ts"),

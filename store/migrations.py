@@ -441,4 +441,24 @@ MIGRATIONS += (
 )
 
 
+MIGRATIONS += (
+    Migration(
+        version=15,
+        description="rollup_partitions: which compacted Parquet partitions each minute rollup "
+        "was computed from, by fingerprint, so an unchanged partition is not read again",
+        statements=(
+            """
+            CREATE TABLE rollup_partitions (
+                rollup       VARCHAR NOT NULL,
+                partition    VARCHAR NOT NULL,
+                fingerprint  VARCHAR NOT NULL,
+                rolled_up_ts TIMESTAMP NOT NULL,
+                PRIMARY KEY (rollup, partition)
+            )
+            """,
+        ),
+    ),
+)
+
+
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -53,6 +53,12 @@ def criteria_fingerprint(criteria: Sequence[GoodEventLimits]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# The relation the rollups read requests from unless told otherwise.
+REQUESTS_RELATION = "requests"
+
+# A SQL statement and its parameters.
+Statement = tuple[str, Sequence[object]]
+
 _ROLLUP_SCHEMAS = {"request_minutes": REQUEST_MINUTES_SCHEMA, "slo_minutes": SLO_MINUTES_SCHEMA}
 
 
@@ -113,11 +119,19 @@ class MinuteRollups(StoreBase):
             self._con.unregister("wanted_minutes")
 
     def recompute_request_minutes(
-        self, minutes: Sequence[datetime] | None, *, watermark_ts: datetime, fingerprint: str
+        self,
+        minutes: Sequence[datetime] | None,
+        *,
+        watermark_ts: datetime,
+        fingerprint: str,
+        source: str = REQUESTS_RELATION,
+        also: Sequence[Statement] = (),
     ) -> MinuteRollupSwap:
         """Recompute `request_minutes` (`pipeline.request_minutes.request_minutes`) for the
         requests that finished in `minutes` (all minutes when None) and swap them in with the
-        new watermark (see `_swap_minute_rollup`)."""
+        new watermark (see `_swap_minute_rollup`). `source` is the relation the requests are
+        read from (the `requests` table, or compacted Parquet partitions); `also` runs in the
+        swap's transaction."""
         # The percentiles `pipeline.request_minutes` defines, as DuckDB computes them.
         fractions = ", ".join(repr(p / 100) for p in MINUTE_PERCENTILES)
         expressions = {"tpot_s": f"({TPOT_SQL})"}
@@ -140,13 +154,13 @@ class MinuteRollups(StoreBase):
                     SELECT replica, date_trunc('minute', end_ts) AS minute_ts,
                            count(*) AS requests, sum(prompt_tokens) AS prompt_tokens,
                            sum(completion_tokens) AS completion_tokens, {latency}
-                    FROM requests{scoped} ok
+                    FROM {source}{scoped} ok
                     GROUP BY ALL
                 ),
                 failed AS (
                     SELECT replica, date_trunc('minute', end_ts) AS minute_ts,
                            count(*) AS requests
-                    FROM requests{scoped} NOT ok
+                    FROM {source}{scoped} NOT ok
                     GROUP BY ALL
                 )
                 SELECT coalesce(s.replica, f.replica) AS replica,
@@ -166,6 +180,7 @@ class MinuteRollups(StoreBase):
                 requests=("sum(requests)", []),
                 watermark_ts=watermark_ts,
                 fingerprint=fingerprint,
+                also=also,
             )
 
     def recompute_slo_minutes(
@@ -175,11 +190,14 @@ class MinuteRollups(StoreBase):
         criteria: Sequence[GoodEventLimits],
         watermark_ts: datetime,
         fingerprint: str,
+        source: str = REQUESTS_RELATION,
+        also: Sequence[Statement] = (),
     ) -> MinuteRollupSwap:
         """Recompute `slo_minutes` (`pipeline.request_minutes.slo_minutes`) for `criteria`, for
         the requests that finished in `minutes` (all minutes when None), in one pass for every
         criterion, and swap them in with the new watermark (see `_swap_minute_rollup`). Rows go
-        in minute order (what the table's zone maps want)."""
+        in minute order (what the table's zone maps want). `source` and `also` as for
+        `recompute_request_minutes`."""
         select: tuple[str, list[object]] | None = None
         with self._wanted_minutes(minutes) as (where, params):
             if criteria:
@@ -215,7 +233,7 @@ class MinuteRollups(StoreBase):
                                tenant, adapter, count(*) AS total,
                                coalesce(sum(completion_tokens), 0) AS output_tokens,
                                {", ".join(goods)}
-                        FROM requests{where}
+                        FROM {source}{where}
                         GROUP BY ALL
                     )
                     SELECT * FROM ({per_slo})
@@ -232,6 +250,7 @@ class MinuteRollups(StoreBase):
                 requests=("sum(total) FILTER (WHERE slo = ?)", [first]),
                 watermark_ts=watermark_ts,
                 fingerprint=fingerprint,
+                also=also,
             )
 
     @contextmanager
@@ -268,13 +287,15 @@ class MinuteRollups(StoreBase):
         requests: tuple[str, list[object]],
         watermark_ts: datetime,
         fingerprint: str,
+        also: Sequence[Statement] = (),
     ) -> MinuteRollupSwap:
         """Replace a minute rollup's rows for `minutes` (all rows when None) by those `select`
         computes (none when None) and move its watermark, in one transaction, so a crash leaves
         either the old or the new state. `wanted_minutes` must be registered when `minutes` is
         given. The rows go from the query straight into the table: a day's worth of them never
         crosses into Python. `requests` is the aggregate over the new rows that counts the
-        requests they hold."""
+        requests they hold. `also` (statements with their parameters) commits or rolls back
+        with the swap: what a caller records about the rows it swapped in."""
         schema = _ROLLUP_SCHEMAS.get(table)
         if schema is None:
             raise StoreError(f"not a minute rollup: {table!r}; allowed: {sorted(_ROLLUP_SCHEMAS)}")
@@ -312,6 +333,8 @@ class MinuteRollups(StoreBase):
                 """,
                 [table, watermark_ts, fingerprint, self._clock()],
             )
+            for statement, statement_params in also:
+                self._con.execute(statement, statement_params)
             self._con.execute("COMMIT")
         except duckdb.Error as exc:
             self._con.execute("ROLLBACK")

@@ -2,7 +2,8 @@
 
 `Store.open` brings a file up to the latest schema (`servewatch.store.migrations`); writes are
 idempotent: re-writing a row that is already there changes nothing. The class is assembled from
-one part per concept (points, requests, rollups, results, reads, export), each in its own
+one part per concept (points, requests, rollups, partition rollups, results, reads,
+export), each in its own
 module.
 """
 
@@ -30,6 +31,7 @@ from servewatch.store.errors import (
 from servewatch.store.export import Exports
 from servewatch.store.holder import read_holder
 from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
+from servewatch.store.partition_rollups import PartitionRollups
 from servewatch.store.points import PointWrites
 from servewatch.store.recorded import RecordedPoints
 from servewatch.store.requests import RequestWrites
@@ -43,7 +45,16 @@ IN_MEMORY = ":memory:"
 CHECKPOINT_THRESHOLD = "64MB"
 
 
-class Store(WindowReads, Results, RecordedPoints, RequestWrites, PointWrites, Exports, StatusReads):
+class Store(
+    WindowReads,
+    PartitionRollups,
+    Results,
+    RecordedPoints,
+    RequestWrites,
+    PointWrites,
+    Exports,
+    StatusReads,
+):
     """An open store file. Use as a context manager, or call `close()`."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, clock: Clock) -> None:

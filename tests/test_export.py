@@ -94,6 +94,11 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         store.compact_points(before=START + POINT_BLOCK)
         ingest_pages([Page(LATE_TARGET, LATE_SCRAPE, SAMPLE_PAGE.decode("utf-8"))], store=store)
         _events(store)
+        # As a rollup from compacted partitions records them (tests/test_compact.py).
+        store._con.execute(
+            "INSERT INTO rollup_partitions VALUES ('request_minutes', ?, 'f', ?)",
+            [f"date={START:%Y-%m-%d}/hour={START:%H}", START],
+        )
         assert store.count("point_rows") > 0
         assert store.count("points_head") > 0
     return path
@@ -117,7 +122,7 @@ def _whole(read: Callable[[Store], pl.LazyFrame], column: str | None = None) -> 
 
 
 def _sql(table: str) -> Reader:
-    # Two tables of bookkeeping that no analysis reads: the store's rows as SQL gives them.
+    # Tables of bookkeeping that no analysis reads: the store's rows as SQL gives them.
     return _whole(lambda store: store._con.sql(f"SELECT * FROM {table}").pl().lazy())
 
 
@@ -134,6 +139,7 @@ STORE_READS: dict[str, Reader] = {
     "request_minutes": lambda s, f, t: s.read_request_minutes(from_ts=f, to_ts=t).collect(),
     "slo_minutes": lambda s, f, t: s.read_slo_minutes(from_ts=f, to_ts=t).collect(),
     "rollup_watermarks": _sql("rollup_watermarks"),
+    "rollup_partitions": _sql("rollup_partitions"),
     "unknown_families": _whole(lambda s: s.read_unknown_families()),
     "alerts": _whole(lambda s: s.read_alert_changes(), "changed_ts"),
     "recommendations": _whole(lambda s: s.read_recommendations(), "created_ts"),
@@ -154,6 +160,7 @@ READ_ORDERS: dict[str, list[str]] = {
     "request_minutes": ["minute_ts", "replica"],
     "slo_minutes": ["slo", "minute_ts", "replica"],
     "rollup_watermarks": [],
+    "rollup_partitions": [],
     "unknown_families": ["target_id", "family"],
     "alerts": ["changed_ts", "slo"],
     "recommendations": ["created_ts"],
@@ -170,6 +177,7 @@ KEYS: dict[str, list[str]] = {
     "request_minutes": ["replica", "minute_ts"],
     "slo_minutes": ["minute_ts", "slo", "replica", "pool", "model", "tenant", "adapter"],
     "rollup_watermarks": ["source"],
+    "rollup_partitions": ["rollup", "partition"],
     "unknown_families": ["target_id", "family"],
     "alerts": ["slo", "long_window_s", "short_window_s", "changed_ts"],
     "recommendations": ["name", "created_ts"],

@@ -200,6 +200,7 @@ def test_minutes_rolled_up_before_token_counts_are_recomputed_once(tmp_path: Pat
         store._con.execute("ALTER TABLE slo_minutes DROP COLUMN output_tokens")
         store._con.execute("ALTER TABLE targets DROP COLUMN gpu_uuids")
         store._con.execute("DROP TABLE recorded_points")
+        store._con.execute("DROP TABLE rollup_partitions")
         store._con.execute("DELETE FROM schema_version WHERE version >= 11")
         text = "|".join(sorted(repr(c) for c in CRITERIA))
         old = hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -203,7 +203,7 @@ def test_a_read_only_open_refuses_an_older_schema(tmp_path: Path) -> None:
     db = tmp_path / "old.duckdb"
     with Store.open(db) as store:
         # As a store written by the previous servewatch would say.
-        store._con.execute("DROP TABLE recorded_points")
+        store._con.execute("DROP TABLE rollup_partitions")
         store._con.execute("DELETE FROM schema_version WHERE version = ?", [LATEST_VERSION])
     with pytest.raises(StoreError, match=r"a writing command .* migrates it"):
         Store.open(db, read_only=True)

@@ -7,6 +7,7 @@ command group registers its commands on `app` (servewatch/cli/app.py) when impor
 
 from servewatch.cli import (  # noqa: F401 (imported to register their commands)
     capacity,
+    compact,
     emulator,
     export,
     grafana,

@@ -62,6 +62,8 @@ COMMAND_ORDER = (
     "record",
     "scrape",
     "import",
+    "compact",
+    "rollup",
     "sli",
     "slo",
     "alerts",

@@ -54,10 +54,10 @@ def export(
     files. --from/--to cut event tables on their time: points and scrapes on ts, requests on
     end_ts (completion), request_minutes and slo_minutes on minute_ts, alerts on changed_ts,
     recommendations on created_ts, ingest_errors on recorded_ts; the other tables (targets,
-    series, schema_version, rollup_watermarks, unknown_families) are written whole. Points are
-    written as the points view gives them (series_id, ts, value). An existing file is refused
-    unless --force. The store is opened read-only; while `servewatch run` holds it, stop the
-    service or export a copy of the file.
+    series, schema_version, rollup_watermarks, rollup_partitions, unknown_families) are
+    written whole. Points are written as the points view gives them (series_id, ts, value). An
+    existing file is refused unless --force. The store is opened read-only; while `servewatch
+    run` holds it, stop the service or export a copy of the file.
 
     --json prints {"files": [{table, path, rows, bytes}, ...]}.
     """
