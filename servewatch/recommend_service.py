@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import polars as pl
 
@@ -85,10 +86,23 @@ def _latency_column(requirement: Requirement) -> str:
 
 
 def _window(
-    store: Store, from_ts: datetime | None, to_ts: datetime | None
+    store: Store, from_ts: datetime | None, to_ts: datetime | None, *, partitions: Path | None
 ) -> tuple[datetime, datetime] | None:
-    span = store.request_minute_span(from_ts=from_ts, to_ts=to_ts)
+    span = (
+        store.request_minute_span(from_ts=from_ts, to_ts=to_ts)
+        if partitions is None
+        else store.rolled_minute_span(from_ts=from_ts, to_ts=to_ts)
+    )
     return None if span is None else (from_ts or span[0], to_ts or span[1])
+
+
+def _requests(
+    store: Store, window: tuple[datetime, datetime], *, partitions: Path | None
+) -> pl.LazyFrame:
+    start, end = window
+    if partitions is None:
+        return store.read_requests(from_ts=start, to_ts=end)
+    return store.read_partition_requests(partitions, from_ts=start, to_ts=end)
 
 
 def measure(
@@ -98,12 +112,16 @@ def measure(
     from_ts: datetime | None,
     to_ts: datetime | None,
     mapper: Mapper = serial_map,
+    partitions: Path | None = None,
 ) -> Measurements:
+    """What the fleet did in the window: its layout, the capacity fit per pool, the cache hit
+    ratio and the observed demand. The traced requests come from the store, or from the
+    compacted `partitions` (`servewatch compact`) of a store rolled up from them."""
     notes: list[str] = []
     layout = _layout(store, notes)
     fit: KneeFit | None = None
     limit = requirement.slo.latency_limit_s
-    window = _window(store, from_ts, to_ts)
+    window = _window(store, from_ts, to_ts, partitions=partitions)
     # One read of the scraped series serves the running-batch load and the hit ratio.
     frames = (
         {}
@@ -116,7 +134,7 @@ def measure(
         )
     )
     # One read of the window's requests serves the capacity fit and the observed demand.
-    requests = None if window is None else store.read_requests(from_ts=window[0], to_ts=window[1])
+    requests = None if window is None else _requests(store, window, partitions=partitions)
     pools: tuple[PoolCapacity, ...] = ()
     slo = requirement.slo
     if window is None or requests is None:  # one is None only with the other
@@ -236,9 +254,17 @@ def recommend_from_store(
     to_ts: datetime | None = None,
     now: datetime | None = None,
     mapper: Mapper = serial_map,
+    partitions: Path | None = None,
 ) -> tuple[DecisionRecord, Measurements]:
     """Measure, size and drill; `mapper` spreads the simulations (capacity/parallel.py)."""
-    measured = measure(store, requirement=requirement, from_ts=from_ts, to_ts=to_ts, mapper=mapper)
+    measured = measure(
+        store,
+        requirement=requirement,
+        from_ts=from_ts,
+        to_ts=to_ts,
+        mapper=mapper,
+        partitions=partitions,
+    )
     record = recommend(
         requirement,
         now=now or datetime.now(UTC),

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+import polars as pl
+
 from servewatch.pipeline.partitions import (
+    HOUR,
     FileState,
     PartitionNameError,
     fingerprint,
     hour_minutes,
     partition_hour,
 )
+from servewatch.pipeline.tables import REQUESTS_SCHEMA
 from servewatch.store.partitions import PartitionError
 from servewatch.store.rollups import (
     REQUEST_MINUTES_VERSION,
@@ -33,6 +38,7 @@ from servewatch.store.rollups import (
     Statement,
     criteria_fingerprint,
 )
+from servewatch.store.sql import column_list, window_clauses
 
 # A relation with the requests table's columns and no rows: the source of a partition gone.
 _NO_REQUESTS = "(SELECT * FROM requests WHERE false)"
@@ -90,7 +96,40 @@ def _source(files: Sequence[Path]) -> str:
 
 
 class PartitionRollups(MinuteRollups):
-    """Rolls up `request_minutes` and `slo_minutes` from compacted partitions."""
+    """Rolls up `request_minutes` and `slo_minutes` from compacted partitions, and reads their
+    requests where an analysis needs them whole (the capacity fit)."""
+
+    def rolled_minute_span(
+        self, *, from_ts: datetime | None = None, to_ts: datetime | None = None
+    ) -> tuple[datetime, datetime] | None:
+        """`request_minute_span` of a store rolled up from partitions, which holds the minutes
+        but not the requests: the first and last minute `request_minutes` holds in
+        [from_ts, to_ts)."""
+        clauses, params = window_clauses("minute_ts", from_ts, to_ts)
+        rows = self._con.execute(
+            f"SELECT min(minute_ts), max(minute_ts) FROM request_minutes{clauses}", params
+        ).fetchall()
+        first, last = rows[0]
+        return None if first is None else (first, last)
+
+    def read_partition_requests(
+        self, folder: Path, *, from_ts: datetime, to_ts: datetime
+    ) -> pl.LazyFrame:
+        """Requests that finished in [from_ts, to_ts), oldest first, as `read_requests` reads
+        the store's: only the partitions of the hours the range touches are opened."""
+        files = [
+            path
+            for name, paths in partition_files(folder).items()
+            if partition_hour(name) < to_ts and partition_hour(name) + HOUR > from_ts
+            for path in paths
+        ]
+        if not files:
+            return pl.LazyFrame(schema=REQUESTS_SCHEMA)
+        sql = (
+            f"SELECT {column_list(REQUESTS_SCHEMA)} FROM {_source(files)} "
+            "WHERE end_ts >= ? AND end_ts < ? ORDER BY end_ts"
+        )
+        return self._read(sql, [from_ts, to_ts], table="requests")
 
     def partition_fingerprints(self, rollup: str) -> dict[str, str]:
         rows = self._con.execute(

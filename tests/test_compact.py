@@ -19,6 +19,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 from typer.testing import CliRunner
 
+from servewatch.capacity.requirement import parse_requirement
 from servewatch.cli import app
 from servewatch.collectors.traces.compact import compact_traces
 from servewatch.collectors.traces.ingest import ingest_trace_files
@@ -26,6 +27,7 @@ from servewatch.emulator.otlp_jsonl import spans_to_otlp_json
 from servewatch.emulator.request_span import RequestTiming, request_span
 from servewatch.pipeline.partitions import MANIFEST_FILE, PARTITION_FILE
 from servewatch.pipeline.request_minutes import EventCriterion
+from servewatch.recommend_service import measure
 from servewatch.slo.spec import AvailabilitySli, SloSpec
 from servewatch.slo.windows import default_burn_windows
 from servewatch.slo_service import evaluation_instant, status_at
@@ -345,3 +347,52 @@ def test_compact_and_rollup_commands(tmp_path: Path) -> None:
     missing = runner.invoke(app, ["compact", str(tmp_path / "nowhere"), "--out", str(out)])
     assert missing.exit_code == 2
     assert "not a folder" in missing.stderr
+
+
+def test_the_capacity_measurement_reads_the_partitions_requests_as_the_stores(
+    tmp_path: Path,
+) -> None:
+    tree = make_tree(tmp_path / "in")
+    out = tmp_path / "out"
+    compact_traces(tree, out, now=NOW)
+    requirement = parse_requirement(
+        {
+            "failure_unit": "host",
+            "demand": {"req_per_min": "observed"},
+            "replica": {"capacity_req_per_min": 40},
+            "placement": {"replicas_per_host": 2},
+        },
+        where="r.toml",
+    )
+    with (
+        Store.open(tmp_path / "ingested.duckdb", clock=lambda: NOW) as ingested,
+        Store.open(tmp_path / "partitions.duckdb", clock=lambda: NOW) as rolled,
+    ):
+        files = sorted(p for p in tree.rglob("*") if p.is_file())
+        ingest_trace_files(files, store=ingested, now=NOW)
+        roll_up_requests(ingested, criteria=CRITERIA)
+        rolled.roll_up_partitions(out, criteria=CRITERIA)
+        # A window across the hour boundary opens both partitions; one inside opens one.
+        start = datetime(2026, 11, 18, 10, 40)
+        for end in (datetime(2026, 11, 18, 11, 20), datetime(2026, 11, 18, 10, 50)):
+            key = ["end_ts", "trace_id", "span_id"]
+            stored = ingested.read_requests(from_ts=start, to_ts=end).collect().sort(key)
+            read = rolled.read_partition_requests(out, from_ts=start, to_ts=end).collect()
+            assert stored.height > 0
+            assert (
+                read.sort(key)
+                .drop("ingested_ts", "source")
+                .equals(stored.drop("ingested_ts", "source"))
+            )
+        assert (
+            rolled.read_partition_requests(
+                out, from_ts=datetime(2026, 11, 18, 14), to_ts=datetime(2026, 11, 18, 15)
+            )
+            .collect()
+            .is_empty()
+        )
+        expected = measure(ingested, requirement=requirement, from_ts=None, to_ts=None)
+        got = measure(rolled, requirement=requirement, from_ts=None, to_ts=None, partitions=out)
+    assert expected.demand is not None
+    assert got.demand == expected.demand
+    assert got.pools == expected.pools

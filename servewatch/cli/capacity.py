@@ -54,6 +54,7 @@ from servewatch.render import (
     print_json,
 )
 from servewatch.store import (
+    PartitionError,
     Store,
     roll_up_request_minutes,
     utc_now,
@@ -163,6 +164,15 @@ def recommend(
             "answered by `servewatch run` while it holds the store).",
         ),
     ] = False,
+    partitions: Annotated[
+        Path | None,
+        typer.Option(
+            "--partitions",
+            help="Read the traced requests from these compacted partitions (`servewatch "
+            "compact`) instead of the store's requests table; the store holds their minute "
+            "rollups (`servewatch rollup --partitions`), which set the window.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """The fleet size for the requirement, from what the fleet did: per-replica capacity refit
@@ -186,9 +196,14 @@ def recommend(
         try:
             with process_map() as mapper:
                 record, measured = recommend_from_store(
-                    store, requirement=spec, from_ts=from_ts, to_ts=to_ts, mapper=mapper
+                    store,
+                    requirement=spec,
+                    from_ts=from_ts,
+                    to_ts=to_ts,
+                    mapper=mapper,
+                    partitions=partitions,
                 )
-        except RequirementError as exc:
+        except (RequirementError, PartitionError) as exc:
             raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
         document = record.to_json()
         store.write_recommendation(
