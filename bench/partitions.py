@@ -24,6 +24,12 @@ are generated per SLO, minute, pool and tenant (12 rows per SLO-minute), not per
 `slo status` reads the period's minutes into Polars, and per-replica rows at 1,000 replicas
 (~5.8M per SLO-day) would not fit its memory; that is stated in the output and left open.
 
+(d) A scrape round of 1,000 replicas' pages: 8 rounds (two minutes at 15 s) of vLLM pages,
+generated, not served (12 emulated replicas recorded in fixture mode, store_footprint's cached
+fleet, each round's 12 pages given out in turn to the 1,000 targets), each round ingested in
+one `ingest_pages` batch as `servewatch scrape` ingests a round. Peer: prometheus_client's
+parser over the same pages (parse only).
+
 Every measurement runs in a fresh child process: its VmHWM (peak resident set) is the work's
 peak (target under 4 GB). Big data lives under /tmp (SERVEWATCH_BENCH_TMP) and is deleted at
 the end.
@@ -45,6 +51,10 @@ import polars as pl
 
 from bench.report import Comparison
 from bench.rollup_day import FLOOR_SQL, SAME_OUTPUTS_SQL, SLOS, START, hour_of_requests
+from bench.store_footprint import SCRAPE_INTERVAL_S as PAGE_INTERVAL_S
+from bench.store_footprint import fixture as store_fixture
+from servewatch.collectors.fixture.folder import iter_fixture_pages, open_fixture
+from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.pipeline.partitions import PARTITION_FILE, partition_of
 from servewatch.slo.spec import AvailabilitySli, SloSpec
 from servewatch.slo.windows import default_burn_windows
@@ -61,6 +71,7 @@ TARGET_RATIO = 2.0
 TARGET_PEAK_BYTES = 4 * 1024**3
 EVAL_SLOS = 20
 POOLS = ("chat", "code", "batch")
+PAGE_ROUNDS = 8  # two minutes of scraping at 15 s
 TENANTS = ("acme", "globex", "initech", "umbrella")
 
 
@@ -244,6 +255,41 @@ def eval_specs() -> list[SloSpec]:
 
 # --- children --------------------------------------------------------------------------------
 
+# --- (d) a scrape round of 1,000 replicas' pages ----------------------------------------
+
+
+def fleet_targets(replicas: int) -> list[Target]:
+    """`replicas` vLLM targets, eight to a host and a third of the hosts to a zone."""
+    return [
+        Target(
+            target_id=f"vllm/vllm-{k}",
+            kind=TargetKind.VLLM,
+            url=f"http://10.{k // 250}.{k % 250 // 8}.{k % 8}:8000/metrics",
+            replica=f"vllm-{k}",
+            host=f"host-{k // 8}",
+            zone=f"zone-{k // 8 % 3}",
+            pool=POOLS[k % len(POOLS)],
+        )
+        for k in range(replicas)
+    ]
+
+
+def write_pages(path: Path, *, rounds: int) -> int:
+    """`rounds` scrape rounds of the store_footprint fleet's vLLM pages (12 emulated
+    replicas, recorded in fixture mode, cached), as JSON: one list of page bodies a round.
+    Target k of the benchmark's fleet is given replica k mod 12's page of the round."""
+    fixture = open_fixture(store_fixture(rounds * PAGE_INTERVAL_S / 3600 + 0.05))
+    by_round: dict[datetime, list[str]] = {}
+    for page in iter_fixture_pages(fixture):
+        if page.target.kind is TargetKind.VLLM and page.body is not None:
+            by_round.setdefault(page.scrape_ts, []).append(page.body)
+    chosen = [by_round[ts] for ts in sorted(by_round)][-rounds:]
+    if len(chosen) < rounds:
+        raise RuntimeError(f"the fixture has {len(chosen)} rounds of pages, not {rounds}")
+    path.write_text(json.dumps(chosen), encoding="utf-8")
+    return sum(len(body) for body in chosen[0])
+
+
 CHILD = """
 import json, resource, sys, time
 from bench.partitions import child
@@ -265,7 +311,9 @@ with open(out, "w") as stream:
 def child(what: str, args: dict[str, str], *, clock: object, cpu: object) -> dict[str, float]:
     """One measured piece of work, in a fresh process (see CHILD)."""
     import orjson  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
+    from servewatch.collectors.metrics.ingest import Page, ingest_pages  # noqa: PLC0415
     from servewatch.collectors.traces.compact import compact_traces  # noqa: PLC0415
     from servewatch.slo_service import status_at  # noqa: PLC0415
     from servewatch.store import Store  # noqa: PLC0415
@@ -313,6 +361,33 @@ def child(what: str, args: dict[str, str], *, clock: object, cpu: object) -> dic
             ).fetchall()
         )
         con.close()
+    elif what == "pages":
+        rounds = json.loads(Path(args["pages"]).read_text(encoding="utf-8"))
+        targets = fleet_targets(int(args["replicas"]))
+        round_s: list[float] = []
+        with Store.open(args["store"]) as store:
+            for r, bodies in enumerate(rounds):
+                at = DAY_1 + timedelta(seconds=PAGE_INTERVAL_S * r)
+                pages = [
+                    Page(t, at, bodies[k % len(bodies)], openmetrics=False)
+                    for k, t in enumerate(targets)
+                ]
+                began = clock()
+                rows += ingest_pages(pages, store=store).stored_samples
+                round_s.append(clock() - began)
+        return {
+            "seconds": clock() - started,
+            "cpu_seconds": cpu() - cpu_started,
+            "rows": rows,
+            "round_max_s": max(round_s),
+            "round_median_s": sorted(round_s)[len(round_s) // 2],
+        }
+    elif what == "pages_parse":
+        rounds = json.loads(Path(args["pages"]).read_text(encoding="utf-8"))
+        for bodies in rounds:
+            for k in range(int(args["replicas"])):
+                for family in text_string_to_metric_families(bodies[k % len(bodies)]):
+                    rows += len(family.samples)
     else:
         raise ValueError(f"unknown measurement {what!r}")
     return {"seconds": clock() - started, "cpu_seconds": cpu() - cpu_started, "rows": rows}
@@ -477,4 +552,35 @@ def _run(*, per_hour: int, replicas: int, history: int, load: str) -> list[Compa
             higher_is_better=False,
         ),
     ]
+    # (d) scrape rounds of the fleet's pages, each ingested as `servewatch scrape` ingests a
+    # round (one batch of every target's page).
+    rounds = PAGE_ROUNDS
+    pages = WORK / "pages.json"
+    round_bytes = write_pages(pages, rounds=rounds)
+    ingested = measure(
+        "pages", pages=str(pages), replicas=str(replicas), store=str(WORK / "pages.duckdb")
+    )
+    parsed = measure("pages_parse", pages=str(pages), replicas=str(replicas))
+    if ingested["rows"] == 0:
+        raise RuntimeError("no sample of the pages was stored")
+    per_round = ingested["rows"] / rounds
+    cpu_us = ingested["cpu_seconds"] / ingested["rows"] * 1e6
+    day_cpu_h = cpu_us * per_round * (86_400 / PAGE_INTERVAL_S) / 1e6 / 3600
+    results.append(
+        Comparison(
+            f"ingest {rounds} scrape rounds of {replicas} replicas' vLLM pages (generated, not "
+            f"served: 12 emulated replicas' pages, {round_bytes / 12 / 1024:.0f} KB each, "
+            f"given out in turn; {per_round:,.0f} samples a round) as `servewatch scrape` "
+            f"ingests a round: median round {ingested['round_median_s']:.1f} s, slowest "
+            f"{ingested['round_max_s']:.1f} s, against the {PAGE_INTERVAL_S:g} s interval; "
+            f"{cpu_us:.1f} us of CPU a sample, {day_cpu_h:.1f} h of CPU a day; "
+            f"{_gb(ingested)}; {load}",
+            "s",
+            "servewatch ingest_pages (parse, catalogue, store)",
+            ingested["seconds"],
+            "prometheus_client's parser over the same pages (parse only)",
+            parsed["seconds"],
+            higher_is_better=False,
+        )
+    )
     return results
