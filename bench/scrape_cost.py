@@ -4,6 +4,8 @@ Endpoints: `REPLICAS` HTTP servers on 127.0.0.1, each serving vLLM V1 `/metrics`
 with prometheus_client from vLLM's names and buckets (`bench.parse_exposition.vllm_page`,
 ~270 sample lines, `_created` included); each endpoint cycles through a few pages whose values
 differ, so consecutive scrapes append changed values, as a busy replica's would.
+They answer HTTP/1.1 and keep connections alive, as vLLM's server does (`SCRAPE_COST_HTTP=1.0`:
+HTTP/1.0, each connection closed after its answer, as they did before the scrape client).
 
 Same CPU conditions: the endpoints are served by a child process pinned to one core; Prometheus
 and this process (ours) are pinned together to the other core, so both scrapers share one core
@@ -21,8 +23,8 @@ and the same competition from the rest of the machine. Every figure is per sampl
     `servewatch.scraping.PageBatcher`, which batches the pages that arrive while a write is
     queued into one `ingest_pages` call on the `StoreWriter` thread. The batch sizes are the
     product's own, not chosen here.
-  - rounds (`servewatch scrape`): every target fetched at once, then one `ingest_pages` call
-    for the whole round.
+  - rounds (`servewatch scrape`): every target fetched at once with the scrape client (kept
+    across rounds), then one `ingest_pages` call for the whole round.
   Wall: the median over batches of the ingest's wall time (parse + catalogue + store) over the
   batch's sample lines, and with the fetches of its pages added (fetch + parse + store, the
   same span as Prometheus's scrape_duration_seconds). CPU: the writer's CPU time (parse +
