@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from servewatch.collectors.scrape.loop import default_client
 from servewatch.collectors.scrape.page_client import PageClient
 from servewatch.collectors.scrape.scraper import ScrapeClient, ScrapeResult, scrape_target
 from servewatch.collectors.scrape.targets import Target, TargetKind
@@ -244,3 +245,38 @@ def test_a_refused_connection_is_a_connect_error() -> None:
     error = asyncio.run(main()).error
     assert error is not None
     assert error.startswith("ConnectError: ")
+
+
+def test_a_url_the_environment_proxies_goes_through_the_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The proxy answers itself: what matters is that the request came to it, in proxy form.
+    seen: list[str] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append((await read_request(reader))[0])
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(PAGE)}\r\n\r\n".encode() + PAGE)
+        await writer.drain()
+        writer.close()
+
+    async def main() -> ScrapeResult:
+        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        try:
+            async with default_client() as client:
+                return await scrape_target(
+                    Target("t", TargetKind.VLLM, "http://replica.invalid:8000/metrics"),
+                    client=client,
+                    timeout_s=2,
+                )
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    result = asyncio.run(main())
+    assert result.error is None
+    assert result.body == PAGE.decode()
+    assert seen == ["GET http://replica.invalid:8000/metrics HTTP/1.1"]

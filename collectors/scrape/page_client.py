@@ -213,12 +213,14 @@ class PageClient:
             connection.close()
         return None
 
+    def tls_context(self) -> ssl.SSLContext:
+        """The TLS context `https` targets are verified with."""
+        tls = self._tls() if callable(self._tls) else self._tls
+        return tls or ssl.create_default_context()
+
     async def _connect(self, origin: _Origin) -> _Connection:
         loop = asyncio.get_running_loop()
-        tls = None
-        if origin.scheme == "https":
-            tls = self._tls() if callable(self._tls) else self._tls
-            tls = tls or ssl.create_default_context()
+        tls = self.tls_context() if origin.scheme == "https" else None
         try:
             _, connection = await loop.create_connection(
                 lambda: _Connection(loop),

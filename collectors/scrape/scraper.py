@@ -63,7 +63,9 @@ async def scrape_target(
     if isinstance(client, PageClient) and client.proxy_for(target.url) is None:
         fetched = await _fetch(target.url, client, timeout_s=timeout_s, limit=max_body_bytes)
     elif isinstance(client, PageClient):  # the environment names a proxy for this URL
-        async with httpx.AsyncClient(follow_redirects=False) as proxied:
+        async with httpx.AsyncClient(
+            verify=client.tls_context(), follow_redirects=False
+        ) as proxied:
             fetched = await _fetch_httpx(
                 target.url, proxied, timeout_s=timeout_s, limit=max_body_bytes
             )
