@@ -4,6 +4,8 @@ Endpoints: `REPLICAS` HTTP servers on 127.0.0.1, each serving vLLM V1 `/metrics`
 with prometheus_client from vLLM's names and buckets (`bench.parse_exposition.vllm_page`,
 ~270 sample lines, `_created` included); each endpoint cycles through a few pages whose values
 differ, so consecutive scrapes append changed values, as a busy replica's would.
+They answer HTTP/1.1 and keep connections alive, as vLLM's server does (`SCRAPE_COST_HTTP=1.0`:
+HTTP/1.0, each connection closed after its answer, as they did before the scrape client).
 
 Same CPU conditions: the endpoints are served by a child process pinned to one core; Prometheus
 and this process (ours) are pinned together to the other core, so both scrapers share one core
@@ -21,8 +23,8 @@ and the same competition from the rest of the machine. Every figure is per sampl
     `servewatch.scraping.PageBatcher`, which batches the pages that arrive while a write is
     queued into one `ingest_pages` call on the `StoreWriter` thread. The batch sizes are the
     product's own, not chosen here.
-  - rounds (`servewatch scrape`): every target fetched at once, then one `ingest_pages` call
-    for the whole round.
+  - rounds (`servewatch scrape`): every target fetched at once with the scrape client (kept
+    across rounds), then one `ingest_pages` call for the whole round.
   Wall: the median over batches of the ingest's wall time (parse + catalogue + store) over the
   batch's sample lines, and with the fetches of its pages added (fetch + parse + store, the
   same span as Prometheus's scrape_duration_seconds). CPU: the writer's CPU time (parse +
@@ -58,7 +60,7 @@ import httpx
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
 from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, Page, ingest_pages
-from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome
+from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome, default_client
 from servewatch.collectors.scrape.scraper import scrape_targets
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter
@@ -74,6 +76,10 @@ WARMUP_S = 3.0  # first scrapes (new series, cold caches) left out of every figu
 PROMETHEUS = "prometheus"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SERVER_CORE, SCRAPER_CORE = 0, 1
+# The endpoints speak HTTP/1.1 and keep connections alive; SCRAPE_COST_HTTP=1.0 makes them
+# answer HTTP/1.0 and close each connection (the benchmark's endpoints until the scrape client
+# kept connections; both scrapers then connect anew for every scrape).
+HTTP_VERSION = f"HTTP/{os.environ.get('SCRAPE_COST_HTTP', '1.1')}"
 
 
 class _PageServer(ThreadingHTTPServer):
@@ -94,6 +100,10 @@ class _PageServer(ThreadingHTTPServer):
 
 class _PageHandler(BaseHTTPRequestHandler):
     server: _PageServer
+    # Keep-alive, as vLLM's server (uvicorn) and exporters answer; its own TCP_NODELAY, so the
+    # head and the body, written apart, are not held back by Nagle's algorithm.
+    protocol_version = HTTP_VERSION
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         body = self.server.next_page()
@@ -112,9 +122,7 @@ def _serve(count: int, ports: Connection, stop: EventType, cores: set[int]) -> N
     of its own, so neither scraper's parsing slows the other's fetches."""
     os.sched_setaffinity(0, cores)
     servers = [
-        _PageServer(
-            [vllm_page(seed=i * PAGES_PER_ENDPOINT + k).encode() for k in range(PAGES_PER_ENDPOINT)]
-        )
+        _PageServer([_page(i * PAGES_PER_ENDPOINT + k) for k in range(PAGES_PER_ENDPOINT)])
         for i in range(count)
     ]
     threads = [
@@ -329,9 +337,8 @@ def rounds_window(targets: list[Target], store: Store, peer: Peer, *, seconds: f
 
 
 async def _rounds(targets: list[Target], store: Store, peer: Peer, *, seconds: float) -> Window:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     loop = asyncio.get_running_loop()
-    async with httpx.AsyncClient(limits=limits) as client:
+    async with default_client() as client:  # kept across rounds: its connections are kept
         for warm in (True, False):
             with _measured("rounds", peer) if not warm else _unmeasured() as window:
                 ends = loop.time() + (WARMUP_S if warm else seconds)
@@ -360,13 +367,23 @@ _LINES: dict[str, int] = {}
 
 
 def _lines(body: str | None) -> int:
-    """Sample lines of a page, counted once per distinct page: the count is the benchmark's
-    bookkeeping, and it runs in our process's CPU window."""
+    """Sample lines of a page, counted once per distinct page (`_count_pages` counts every
+    endpoint's pages before any window): the count is the benchmark's bookkeeping, and it
+    runs in our process's CPU window."""
     if body is None:
         return 0
     if body not in _LINES:
         _LINES[body] = sample_lines(body)[0]
     return _LINES[body]
+
+
+def _count_pages(count: int) -> None:
+    for seed in range(count * PAGES_PER_ENDPOINT):
+        _lines(_page(seed).decode())
+
+
+def _page(seed: int) -> bytes:
+    return vllm_page(seed=seed).encode()
 
 
 @contextmanager
@@ -405,6 +422,7 @@ def run(*, quick: bool = False) -> list[Comparison]:
         raise RuntimeError("this benchmark pins the endpoints and the scrapers to 2 cores")
     seconds = 10.0 if quick else 30.0
     affinity = os.sched_getaffinity(0)
+    _count_pages(REPLICAS)
     with (
         tempfile.TemporaryDirectory(prefix="servewatch-scrape-cost-") as tmp,
         endpoints(REPLICAS, {SERVER_CORE}) as ports,
@@ -444,7 +462,7 @@ def _comparisons(
     what = (
         f"{REPLICAS} vLLM endpoints every {INTERVAL_S:g} s, {seconds:g} s, {window.mode}: "
         f"{len(batches)} batches of median {statistics.median(batches):,.0f} samples, "
-        f"both scrapers on one core, machine load {window.load_1m:.1f}"
+        f"endpoints {HTTP_VERSION}, both scrapers on one core, machine load {window.load_1m:.1f}"
     )
     ours = f"servewatch ({window.samples:,} samples)"
     peer = f"Prometheus ({peer_samples:,} samples)"

@@ -11,7 +11,13 @@ import httpx
 import pytest
 
 from servewatch.collectors.metrics.exposition import page_text
-from servewatch.collectors.scrape.scraper import ACCEPT, scrape_target, scrape_targets
+from servewatch.collectors.scrape.page_client import PageClient
+from servewatch.collectors.scrape.scraper import (
+    ACCEPT,
+    ScrapeClient,
+    scrape_target,
+    scrape_targets,
+)
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from tests.conftest import free_port
 
@@ -40,7 +46,14 @@ def respond(status: str, body: bytes, extra: str = "") -> bytes:
     return head.encode() + body
 
 
-def test_each_failure_is_recorded_and_the_good_target_is_unaffected() -> None:
+# The scrape client the loop uses, and httpx (still taken where a caller passes one).
+CLIENTS = pytest.mark.parametrize("make_client", [PageClient, httpx.AsyncClient])
+
+
+@CLIENTS
+def test_each_failure_is_recorded_and_the_good_target_is_unaffected(
+    make_client: type[ScrapeClient],
+) -> None:
     seen_headers: list[dict[str, str]] = []
     release = asyncio.Event()
 
@@ -88,7 +101,7 @@ def test_each_failure_is_recorded_and_the_good_target_is_unaffected() -> None:
             targets.append(target(server.sockets[0].getsockname()[1], name))
         targets.append(target(free_port(), "down"))  # nothing listens there
         try:
-            async with httpx.AsyncClient() as client:
+            async with make_client() as client:
                 return list(
                     await scrape_targets(targets, client=client, timeout_s=0.5, now=lambda: NOW)
                 )
@@ -142,7 +155,10 @@ def test_http_error_statuses(status: int) -> None:
     assert asyncio.run(main()) == f"HTTP {status} from http://127.0.0.1:1/metrics"
 
 
-def test_an_endless_page_is_cut_off_at_the_limit_while_it_streams() -> None:
+@CLIENTS
+def test_an_endless_page_is_cut_off_at_the_limit_while_it_streams(
+    make_client: type[ScrapeClient],
+) -> None:
     # No Content-Length: only reading tells the size. The scraper stops reading at the limit,
     # so the server's writes fail long before the 256 MiB it means to send.
     limit = 1024 * 1024
@@ -165,7 +181,7 @@ def test_an_endless_page_is_cut_off_at_the_limit_while_it_streams() -> None:
     async def main() -> str | None:
         server = await asyncio.start_server(endless, "127.0.0.1", 0)
         try:
-            async with httpx.AsyncClient() as client:
+            async with make_client() as client:
                 result = await scrape_target(
                     target(server.sockets[0].getsockname()[1], "endless"),
                     client=client,

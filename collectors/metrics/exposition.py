@@ -337,11 +337,12 @@ def _label_problem(block: str, pos: int) -> LabelSetError:
     return LabelSetError(f"expected ',' or '}}' after the value of label {label!r}", at)
 
 
-def page_text(content: bytes) -> str:
+def page_text(content: bytes | bytearray | memoryview) -> str:
     """A page's bytes as text: UTF-8, with any byte that is not UTF-8 kept as a lone surrogate
     (surrogateescape), so the parser can refuse just the lines that hold one and the bytes
-    can be written back unchanged (`page_bytes`)."""
-    return content.decode("utf-8", "surrogateescape")
+    can be written back unchanged (`page_bytes`). Decoded straight from any buffer (a view
+    on received bytes included), without a copy of the bytes first."""
+    return str(content, "utf-8", "surrogateescape")
 
 
 def page_bytes(text: str) -> bytes:

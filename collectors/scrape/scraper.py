@@ -5,6 +5,10 @@ header asks for OpenMetrics first and the 0.0.4 text format second, as Prometheu
 negotiated by the HTTP client. A body is read while it streams and cut off at the size limit.
 A failure (refused, timed out, HTTP error status, oversize body) becomes a result with an
 error, never an exception; bytes that are not UTF-8 cost only the lines that hold them.
+
+Pages are fetched by the scrape client (`page_client.PageClient`: kept-alive connections, the
+body handed to the parser without copies), or by an httpx client where one is given (and for
+a URL the environment sends through a proxy); both give the same results.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from datetime import datetime
 import httpx
 
 from servewatch.collectors.metrics.exposition import page_text
+from servewatch.collectors.scrape.page_client import FetchError, PageClient, PageTooLargeError
 from servewatch.collectors.scrape.targets import Target
 from servewatch.store import Clock, utc_now
 
@@ -42,49 +47,84 @@ class ScrapeResult:
         return self.error is None
 
 
+ScrapeClient = PageClient | httpx.AsyncClient
+
+
 async def scrape_target(
     target: Target,
     *,
-    client: httpx.AsyncClient,
+    client: ScrapeClient,
     timeout_s: float,
     now: Clock = utc_now,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> ScrapeResult:
     started_ts = now()
     started = time.perf_counter()
+    if isinstance(client, PageClient) and client.proxy_for(target.url) is None:
+        fetched = await _fetch(target.url, client, timeout_s=timeout_s, limit=max_body_bytes)
+    elif isinstance(client, PageClient):  # the environment names a proxy for this URL
+        async with httpx.AsyncClient(
+            verify=client.tls_context(), follow_redirects=False
+        ) as proxied:
+            fetched = await _fetch_httpx(
+                target.url, proxied, timeout_s=timeout_s, limit=max_body_bytes
+            )
+    else:
+        fetched = await _fetch_httpx(target.url, client, timeout_s=timeout_s, limit=max_body_bytes)
+    body, error, openmetrics = fetched
+    return ScrapeResult(
+        target=target,
+        started_ts=started_ts,
+        duration_s=time.perf_counter() - started,
+        body=body,
+        openmetrics=openmetrics,
+        error=error,
+    )
 
-    def result(body: str | None, error: str | None, *, openmetrics: bool = False) -> ScrapeResult:
-        return ScrapeResult(
-            target=target,
-            started_ts=started_ts,
-            duration_s=time.perf_counter() - started,
-            body=body,
-            openmetrics=openmetrics,
-            error=error,
-        )
 
+# A fetch's outcome: the page's text or the error, and whether it is OpenMetrics.
+_Fetched = tuple[str | None, str | None, bool]
+
+
+def _page(content: bytes | memoryview, content_type: str) -> _Fetched:
+    # Bytes that are not UTF-8 cost only their lines (`page_text`), not the page.
+    return page_text(content), None, content_type.startswith("application/openmetrics-text")
+
+
+async def _fetch(url: str, client: PageClient, *, timeout_s: float, limit: int) -> _Fetched:
+    try:
+        async with asyncio.timeout(timeout_s):
+            page = await client.get(url, accept=ACCEPT, max_body_bytes=limit)
+    except TimeoutError:
+        return None, f"timed out after {timeout_s:g} s", False
+    except PageTooLargeError as exc:
+        return None, str(exc), False
+    except FetchError as exc:
+        return None, f"{type(exc).__name__}: {exc or 'connection failed'}", False
+    if page.status != 200 or page.body is None:
+        return None, f"HTTP {page.status} from {url}", False
+    return _page(page.body, page.content_type)
+
+
+async def _fetch_httpx(
+    url: str, client: httpx.AsyncClient, *, timeout_s: float, limit: int
+) -> _Fetched:
     try:
         async with asyncio.timeout(timeout_s):
             # The client's own timeout (5 s by default) must not cut a longer scrape timeout.
             async with client.stream(
-                "GET", target.url, headers={"Accept": ACCEPT}, timeout=timeout_s
+                "GET", url, headers={"Accept": ACCEPT}, timeout=timeout_s
             ) as response:
                 if response.status_code != 200:
-                    return result(None, f"HTTP {response.status_code} from {target.url}")
-                content = await _bounded_body(response, limit=max_body_bytes)
+                    return None, f"HTTP {response.status_code} from {url}", False
+                content = await _bounded_body(response, limit=limit)
     except TimeoutError:
-        return result(None, f"timed out after {timeout_s:g} s")
+        return None, f"timed out after {timeout_s:g} s", False
     except httpx.HTTPError as exc:
-        return result(None, f"{type(exc).__name__}: {exc or 'connection failed'}")
+        return None, f"{type(exc).__name__}: {exc or 'connection failed'}", False
     except _OversizeError as exc:
-        return result(None, str(exc))
-    content_type = response.headers.get("content-type", "")
-    # Bytes that are not UTF-8 cost only their lines (`page_text`), not the page.
-    return result(
-        page_text(content),
-        None,
-        openmetrics=content_type.startswith("application/openmetrics-text"),
-    )
+        return None, str(exc), False
+    return _page(content, response.headers.get("content-type", ""))
 
 
 class _OversizeError(Exception):
@@ -111,7 +151,7 @@ async def _bounded_body(response: httpx.Response, *, limit: int) -> bytes:
 async def scrape_targets(
     targets: Sequence[Target],
     *,
-    client: httpx.AsyncClient,
+    client: ScrapeClient,
     timeout_s: float,
     now: Clock = utc_now,
 ) -> list[ScrapeResult]:
