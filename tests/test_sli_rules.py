@@ -23,7 +23,13 @@ from servewatch.cli import app
 from servewatch.emulator.fleet_config import FleetConfig, PoolSpec, TopologySpec
 from servewatch.emulator.live_server import LiveFleetServer
 from servewatch.emulator.workload import ArrivalKind, ArrivalSpec, WorkloadSpec
-from servewatch.slo.sli_rules import SliLabels, SliRulesError, quantile_name, sli_rules
+from servewatch.slo.sli_rules import (
+    SliLabels,
+    SliRulesError,
+    metricsql_prometheus_rate,
+    quantile_name,
+    sli_rules,
+)
 from tests.conftest import require_program
 from tests.live_prometheus import (
     fleet_ports,
@@ -65,9 +71,12 @@ def test_generated_rules_pass_promtool_check(options: dict[str, Any], tmp_path: 
     ],
     ids=["defaults", "1h-window", "relabelled"],
 )
-def test_generated_rules_pass_vmalert_dry_run(options: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("dialect", ["prometheus", "metricsql"])
+def test_generated_rules_pass_vmalert_dry_run(
+    options: dict[str, Any], dialect: str, tmp_path: Path
+) -> None:
     path = tmp_path / "rules.yml"
-    path.write_text(sli_rules(**options).to_yaml(), encoding="utf-8")
+    path.write_text(sli_rules(**options, dialect=dialect).to_yaml(), encoding="utf-8")
     result = subprocess.run(
         [require_program("vmalert"), "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"],
         capture_output=True,
@@ -76,6 +85,40 @@ def test_generated_rules_pass_vmalert_dry_run(options: dict[str, Any], tmp_path:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_metricsql_dialect_changes_only_the_rates() -> None:
+    promql = sli_rules(window="20s")
+    metricsql = sli_rules(window="20s", dialect="metricsql")
+    assert sli_rules(window="20s", dialect="prometheus") == promql
+    assert metricsql.records == promql.records
+    assert [g["name"] for g in metricsql.groups] == [g["name"] for g in promql.groups]
+    rate = re.compile(r"rate\((\S+?)\[20s\]\)")
+    for old_group, new_group in zip(promql.groups, metricsql.groups, strict=True):
+        for old, new in zip(old_group["rules"], new_group["rules"], strict=True):
+            rewritten = rate.sub(
+                lambda m: metricsql_prometheus_rate(m.group(1), "20s"), old["expr"]
+            )
+            assert new["expr"] == rewritten, old["record"]
+            assert not rate.search(new["expr"]), old["record"]
+    assert metricsql.to_yaml().startswith(promql.to_yaml().split("groups:")[0])
+    assert "MetricsQL" in metricsql.to_yaml().split("groups:")[0]
+
+
+def test_metricsql_rate_is_prometheus_extrapolation() -> None:
+    expr = metricsql_prometheus_rate('x{a="b"}', "5m")
+    # the rollups it is built from, all over the same window, and the window in seconds
+    assert set(re.findall(r"(\w+)\(x\{a=\"b\"\}\[5m\]\)", expr)) == {
+        "increase_prometheus",
+        "count_over_time",
+        "tfirst_over_time",
+        "tlast_over_time",
+        "first_over_time",
+    }
+    assert "(time() - 300)" in expr
+    assert expr.endswith('if (count_over_time(x{a="b"}[5m]) >= 2))')
+    assert " / 300) " in expr
+    assert "rate(" not in expr.replace("_rate(", "")
 
 
 def test_rule_names_follow_level_metric_operations() -> None:
@@ -166,6 +209,7 @@ def test_options_reach_names_labels_and_selectors() -> None:
         ({"labels": SliLabels(replica="le")}, "replica_label", "not le or server"),
         ({"labels": SliLabels(pool="__meta_pool")}, "pool_label", "'__'"),
         ({"labels": SliLabels(pool="replica")}, "replica_label", "need three labels"),
+        ({"dialect": "promql"}, "dialect", "give prometheus"),
     ],
 )
 def test_bad_options_say_which_and_what_is_allowed(
@@ -199,6 +243,20 @@ def test_cli_writes_the_rules_and_reports_them(runner: CliRunner, tmp_path: Path
     written = yaml.safe_load(out.read_text(encoding="utf-8"))
     assert [g["name"] for g in written["groups"]] == document["groups"]
     assert "pool:vllm_generation_tokens:rate10m" in document["rules"]
+    assert out.read_text(encoding="utf-8") == sli_rules(window="10m").to_yaml()
+
+
+def test_cli_metricsql_dialect_writes_the_same_records(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "rules.yml"
+    args = ["rules", "sli", "--out", str(out), "--window", "10m", "--dialect", "metricsql"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert set(document) == {"path", "groups", "rules"}
+    assert document["rules"] == list(sli_rules(window="10m").records)
+    written = out.read_text(encoding="utf-8")
+    assert written == sli_rules(window="10m", dialect="metricsql").to_yaml()
+    assert "increase_prometheus(" in written
 
 
 @pytest.mark.parametrize(
@@ -207,6 +265,7 @@ def test_cli_writes_the_rules_and_reports_them(runner: CliRunner, tmp_path: Path
         (["--window", "soon"], "--window: 'soon' is not a duration"),
         (["--quantiles", "0.9,high"], "--quantiles '0.9,high': give numbers"),
         (["--pool-label", "1pool"], "--pool-label: '1pool' is not a label"),
+        (["--dialect", "vm"], "--dialect: 'vm' is not a dialect"),
     ],
 )
 def test_cli_refuses_bad_options(

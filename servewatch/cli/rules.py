@@ -10,6 +10,7 @@ import typer
 from servewatch.cli.app import EXIT_BAD_INPUT, JsonOption, command_group, fail, write_file
 from servewatch.render import out_console, print_json
 from servewatch.slo.sli_rules import (
+    DEFAULT_DIALECT,
     DEFAULT_PREFIX,
     DEFAULT_QUANTILES,
     DEFAULT_WINDOW,
@@ -62,12 +63,21 @@ def rules_sli_command(
     metric_prefix: Annotated[
         str, typer.Option(help="vLLM's metric prefix as the fleet's Prometheus stores it.")
     ] = DEFAULT_PREFIX,
+    dialect: Annotated[
+        str,
+        typer.Option(
+            help="prometheus (PromQL: Prometheus, Thanos, Mimir) or metricsql (vmalert with "
+            "VictoriaMetrics): every rate written as Prometheus' extrapolated rate in MetricsQL."
+        ),
+    ] = DEFAULT_DIALECT,
     as_json: JsonOption = False,
 ) -> None:
     """Write Prometheus recording rules for the SLIs `servewatch sli --source histograms`
     computes: TTFT, ITL, TPOT and e2e quantiles, request and token rates, error ratio, KV-cache
     usage, prefix-cache hit ratio and queues, per replica, pool and pool and model
-    (promtool-valid; names and labels in docs/promql.md). --json prints {path, groups, rules}."""
+    (promtool-valid; names and labels in docs/promql.md). --dialect metricsql writes the same
+    rules for vmalert and VictoriaMetrics, whose own rate() differs from Prometheus'.
+    --json prints {path, groups, rules}."""
     try:
         rules = sli_rules(
             window=window,
@@ -75,6 +85,7 @@ def rules_sli_command(
             metric_prefix=metric_prefix,
             labels=SliLabels(replica=replica_label, pool=pool_label, model=model_label),
             interval=interval,
+            dialect=dialect,
         )
     except SliRulesError as exc:
         option = "--" + exc.option.replace("_", "-")
