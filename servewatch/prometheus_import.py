@@ -12,7 +12,6 @@ from dataclasses import asdict
 from typing import Any
 
 import httpx
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from servewatch.collectors.prometheus.api import PrometheusApi
 from servewatch.collectors.prometheus.reader import (
@@ -28,7 +27,7 @@ from servewatch.collectors.prometheus.recorded import (
     recorded_names,
 )
 from servewatch.pipeline.instants import format_instant
-from servewatch.render import err_console
+from servewatch.render import counting_progress
 from servewatch.store import Store
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -49,14 +48,7 @@ def import_from_prometheus(
     try:
         api = PrometheusApi(http, url, timeout_s=timeout_s)
         plan = plan_import(api, window=window, keep_uncatalogued=keep_uncatalogued)
-        with Progress(
-            TextColumn("import from Prometheus"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress:
+        with counting_progress("import from Prometheus") as progress:
             task = progress.add_task("queries", total=plan.queries)
             return import_range(
                 api,
@@ -121,14 +113,7 @@ def import_recorded_from_prometheus(
     try:
         api = PrometheusApi(http, url, timeout_s=timeout_s)
         names = recorded_names(api, window=window)
-        with Progress(
-            TextColumn("import recorded SLIs"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress:
+        with counting_progress("import recorded SLIs") as progress:
             task = progress.add_task("queries", total=len(names) * len(import_chunks(window)))
             return import_recorded(
                 api,

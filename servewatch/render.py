@@ -10,6 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -26,6 +33,19 @@ ABSENT_WINDOW = format_duration(ABSENT_WINDOW_S)
 err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 # Piped output gets a fixed width, so tables stay readable in files and CI logs.
 out_console = Console(markup=False) if sys.stdout.isatty() else Console(width=140, markup=False)
+
+
+def counting_progress(label: str) -> Progress:
+    """A progress bar on stderr counting steps (queries, pages, partitions) with the time left;
+    hidden when stderr is not a terminal, gone when done."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    )
 
 
 def labelled(label: str, text: str, *, style: str = "yellow") -> Text:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import polars as pl
 
-from servewatch.collectors.traces.ingest import Reject, text_size
+from servewatch.collectors.traces.ingest import Reject, add_chunk, text_size
 from servewatch.collectors.traces.otlp_json import read_trace_file
-from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
+from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping
 from servewatch.collectors.traces.span_identity import TargetDirectory
 from servewatch.pipeline.partitions import (
     EMPTY_MANIFEST,
@@ -193,22 +193,7 @@ def _read_file(
     source = str(path)
     try:
         for chunk in read_trace_file(path):
-            for error in chunk.decoded.errors:
-                location = f"line {chunk.line}"
-                if error.path != "$":
-                    location += f" {error.path}"
-                report.rejects.append(Reject(source, location, error.message))
-            for index, span in enumerate(chunk.decoded.spans):
-                report.spans += 1
-                if not rows.is_request(span):
-                    report.other_spans += 1
-                    continue
-                report.request_spans += 1
-                try:
-                    rows.add(span, source=source)
-                except SpanMappingError as exc:
-                    location = f"line {chunk.line} span {index} ({span.span_id})"
-                    report.rejects.append(Reject(source, location, str(exc)))
+            add_chunk(chunk, rows=rows, report=report, source=source)
             if len(rows) >= STAGE_BATCH_ROWS:
                 _stage(rows, writer, now)
                 rows = RequestRows(mapping=rows.mapping, targets=rows.targets)

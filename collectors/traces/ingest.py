@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import polars as pl
 
-from servewatch.collectors.traces.otlp_json import read_trace_file
+from servewatch.collectors.traces.otlp_json import FileChunk, read_trace_file
 from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping, SpanMappingError
 from servewatch.collectors.traces.span_identity import TargetDirectory
 from servewatch.pipeline.tables import INGEST_ERRORS_SCHEMA
@@ -51,6 +52,36 @@ class IngestReport:
 ProgressCallback = Callable[[int], None]
 
 
+class SpanCounts(Protocol):
+    """What reading a file counts: spans, request spans, other spans and rejects."""
+
+    spans: int
+    request_spans: int
+    other_spans: int
+    rejects: list[Reject]
+
+
+def add_chunk(chunk: FileChunk, *, rows: RequestRows, report: SpanCounts, source: str) -> None:
+    """A document of a trace file into `rows`: its undecodable parts and the request spans
+    that cannot be mapped become rejects naming line (and span), the rest are added."""
+    for error in chunk.decoded.errors:
+        location = f"line {chunk.line}"
+        if error.path != "$":
+            location += f" {error.path}"
+        report.rejects.append(Reject(source, location, error.message))
+    for index, span in enumerate(chunk.decoded.spans):
+        report.spans += 1
+        if not rows.is_request(span):
+            report.other_spans += 1
+            continue
+        report.request_spans += 1
+        try:
+            rows.add(span, source=source)
+        except SpanMappingError as exc:
+            location = f"line {chunk.line} span {index} ({span.span_id})"
+            report.rejects.append(Reject(source, location, str(exc)))
+
+
 def text_size(path: Path) -> int:
     """Bytes a trace file will yield, for progress: gzip's trailer holds the raw size."""
     size = path.stat().st_size
@@ -82,22 +113,7 @@ def ingest_trace_files(
         try:
             chunks = read_trace_file(path)
             for chunk in chunks:
-                for error in chunk.decoded.errors:
-                    location = f"line {chunk.line}"
-                    if error.path != "$":
-                        location += f" {error.path}"
-                    report.rejects.append(Reject(source, location, error.message))
-                for index, span in enumerate(chunk.decoded.spans):
-                    report.spans += 1
-                    if not rows.is_request(span):
-                        report.other_spans += 1
-                        continue
-                    report.request_spans += 1
-                    try:
-                        rows.add(span, source=source)
-                    except SpanMappingError as exc:
-                        location = f"line {chunk.line} span {index} ({span.span_id})"
-                        report.rejects.append(Reject(source, location, str(exc)))
+                add_chunk(chunk, rows=rows, report=report, source=source)
                 if len(rows) >= WRITE_BATCH_ROWS:
                     report.new_requests += store.write_requests(rows.to_frame())
                     rows = RequestRows(mapping=rows.mapping, targets=targets)

@@ -11,7 +11,6 @@ import typer
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -31,7 +30,7 @@ from servewatch.cli.app import (
 from servewatch.cli.slo_files import slo_specs
 from servewatch.collectors.traces.compact import CompactError, CompactReport, compact_traces
 from servewatch.collectors.traces.span_identity import TargetDirectory
-from servewatch.render import err_console, labelled, out_console, print_json
+from servewatch.render import counting_progress, err_console, labelled, out_console, print_json
 from servewatch.store import PartitionError, PartitionRollupReport, Store, StoreError, utc_now
 from servewatch.store.partition_rollups import partition_files
 
@@ -185,14 +184,7 @@ def rollup(
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with (
         open_store(state, create=True) as store,
-        Progress(
-            TextColumn("roll up partitions"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress,
+        counting_progress("roll up partitions") as progress,
     ):
         task = progress.add_task("rollup", total=total)
         try:

@@ -42,6 +42,7 @@ from servewatch.collectors.traces.request_spans import SpanMapping
 from servewatch.recording import RecordingError, RecordingProgress, planned_rounds
 from servewatch.recording import record as record_live
 from servewatch.render import (
+    counting_progress,
     err_console,
     labelled,
     out_console,
@@ -233,14 +234,7 @@ def replay(
         raise fail(str(exc), code=EXIT_BAD_INPUT) from exc
     with (
         open_store(state, create=True) as store,
-        Progress(
-            TextColumn("replay pages"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-        ) as progress,
+        counting_progress("replay pages") as progress,
     ):
         task = progress.add_task("replay", total=total)
         report = replay_fixture(
