@@ -8,6 +8,8 @@ are read, and the reports as JSON.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -43,10 +45,7 @@ def import_from_prometheus(
     client: httpx.Client | None = None,
 ) -> PrometheusImportReport:
     """Import `window` from the Prometheus (Thanos, Mimir) API at `url` into `store`."""
-    owned = client is None
-    http = client or httpx.Client(follow_redirects=True)
-    try:
-        api = PrometheusApi(http, url, timeout_s=timeout_s)
+    with _api(url, timeout_s=timeout_s, client=client) as api:
         plan = plan_import(api, window=window, keep_uncatalogued=keep_uncatalogued)
         with counting_progress("import from Prometheus") as progress:
             task = progress.add_task("queries", total=plan.queries)
@@ -57,9 +56,16 @@ def import_from_prometheus(
                 keep_uncatalogued=keep_uncatalogued,
                 on_query=lambda n: progress.advance(task, n),
             )
-    finally:
-        if owned:
-            http.close()
+
+
+@contextmanager
+def _api(url: str, *, timeout_s: float, client: httpx.Client | None) -> Iterator[PrometheusApi]:
+    """The API at `url` through `client`, or through a client of its own, closed after."""
+    if client is not None:
+        yield PrometheusApi(client, url, timeout_s=timeout_s)
+        return
+    with httpx.Client(follow_redirects=True) as owned:
+        yield PrometheusApi(owned, url, timeout_s=timeout_s)
 
 
 def import_json(report: PrometheusImportReport, *, window: ImportWindow) -> dict[str, Any]:
@@ -108,10 +114,7 @@ def import_recorded_from_prometheus(
 ) -> RecordedImportReport:
     """Import the SLI records (`servewatch rules sli`) a Prometheus-compatible server at `url`
     holds for `window` into `store`'s `recorded_points`."""
-    owned = client is None
-    http = client or httpx.Client(follow_redirects=True)
-    try:
-        api = PrometheusApi(http, url, timeout_s=timeout_s)
+    with _api(url, timeout_s=timeout_s, client=client) as api:
         names = recorded_names(api, window=window)
         with counting_progress("import recorded SLIs") as progress:
             task = progress.add_task("queries", total=len(names) * len(import_chunks(window)))
@@ -122,9 +125,6 @@ def import_recorded_from_prometheus(
                 records=names,
                 on_query=lambda n: progress.advance(task, n),
             )
-    finally:
-        if owned:
-            http.close()
 
 
 def recorded_import_json(report: RecordedImportReport, *, window: ImportWindow) -> dict[str, Any]:

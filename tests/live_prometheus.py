@@ -150,31 +150,39 @@ def running_prometheus(
     config_path = workdir / "prometheus.yml"
     config_path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
     port = free_port()
-    log_path = workdir / "prometheus.log"
+    argv = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    with served("prometheus", argv, port=port, ready_path="/-/ready", workdir=workdir) as client:
+        yield client
+
+
+@contextmanager
+def served(
+    what: str, argv: Sequence[str], *, port: int, ready_path: str, workdir: Path
+) -> Iterator[httpx.Client]:
+    """`argv` started with its output in `workdir/<what>.log`, waited for until `ready_path`
+    answers 200 on 127.0.0.1:`port` (failing with the log's tail if it exits first), and
+    stopped when the context ends; the client's base URL is its address."""
+    log_path = workdir / f"{what}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
 
     def ready() -> bool | None:
         if process.poll() is not None:
-            pytest.fail(f"prometheus exited: {log_path.read_text(errors='replace')[-2000:]}")
+            pytest.fail(f"{what} exited: {log_path.read_text(errors='replace')[-2000:]}")
         try:
-            return True if client.get("/-/ready").status_code == 200 else None
+            return True if client.get(ready_path).status_code == 200 else None
         except httpx.TransportError:
             return None
 
     try:
-        poll("prometheus to be ready", ready)
+        poll(f"{what} to be ready", ready)
         yield client
     finally:
         client.close()

@@ -14,40 +14,15 @@ Flags that matter for comparing values: `-search.latencyOffset=0s` (by default t
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.conftest import free_port, require_program
-from tests.live_prometheus import poll
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _wait_ready(
-    what: str, process: subprocess.Popen[bytes], client: httpx.Client, log_path: Path
-) -> None:
-    def ready() -> bool | None:
-        if process.poll() is not None:
-            pytest.fail(f"{what} exited: {log_path.read_text(errors='replace')[-2000:]}")
-        try:
-            return True if client.get("/health").status_code == 200 else None
-        except httpx.TransportError:
-            return None
-
-    poll(f"{what} to be ready", ready)
+from tests.live_prometheus import served
 
 
 @contextmanager
@@ -68,29 +43,18 @@ def running_victoria_metrics(
     config_path = workdir / "victoria-scrape.yml"
     config_path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
     port = free_port()
-    log_path = workdir / "victoria-metrics.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"-storageDataPath={workdir / 'victoria-data'}",
-                f"-httpListenAddr=127.0.0.1:{port}",
-                f"-promscrape.config={config_path}",
-                "-search.latencyOffset=0s",
-                "-search.disableCache",
-                "-retentionPeriod=1d",
-                "-loggerLevel=WARN",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
-    try:
-        _wait_ready("victoria-metrics", process, client, log_path)
-        yield client
-    finally:
-        client.close()
-        _stop(process)
+    argv = [
+        binary,
+        f"-storageDataPath={workdir / 'victoria-data'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        f"-promscrape.config={config_path}",
+        "-search.latencyOffset=0s",
+        "-search.disableCache",
+        "-retentionPeriod=1d",
+        "-loggerLevel=WARN",
+    ]
+    with served("victoria-metrics", argv, port=port, ready_path="/health", workdir=workdir) as vm:
+        yield vm
 
 
 @contextmanager
@@ -107,29 +71,18 @@ def running_vmalert(
     binary = require_program("vmalert")
     port = free_port()
     datasource = str(victoria.base_url).rstrip("/")
-    log_path = workdir / "vmalert.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                *(f"-rule={path}" for path in rule_files),
-                f"-datasource.url={datasource}",
-                f"-remoteWrite.url={datasource}",
-                "-remoteWrite.flushInterval=200ms",
-                f"-evaluationInterval={round(evaluation_interval_s * 1000)}ms",
-                f"-httpListenAddr=127.0.0.1:{port}",
-                "-loggerLevel=WARN",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0)
-    try:
-        _wait_ready("vmalert", process, client, log_path)
+    argv = [
+        binary,
+        *(f"-rule={path}" for path in rule_files),
+        f"-datasource.url={datasource}",
+        f"-remoteWrite.url={datasource}",
+        "-remoteWrite.flushInterval=200ms",
+        f"-evaluationInterval={round(evaluation_interval_s * 1000)}ms",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-loggerLevel=WARN",
+    ]
+    with served("vmalert", argv, port=port, ready_path="/health", workdir=workdir) as client:
         yield client
-    finally:
-        client.close()
-        _stop(process)
 
 
 def vmalert_rules(client: httpx.Client) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -52,6 +52,8 @@ EXIT_BAD_INPUT = 2
 
 
 DEFAULT_DB = Path("servewatch.duckdb")
+
+T = TypeVar("T")
 
 
 # The order `servewatch --help` lists commands in: data in, answers out, capacity, services.
@@ -311,19 +313,29 @@ def read_window(state: CliState, query: WindowQuery) -> Window:
 
 
 def _read_store_window(db: Path, query: WindowQuery) -> Window:
+    return _read_or_ask(
+        db,
+        lambda store: store.read_query(query),
+        lambda api_url: fetch_window(api_url, query, token=_api_token()),
+    )
+
+
+def _read_or_ask(db: Path, read: Callable[[Store], T], ask: Callable[[str], T]) -> T:
+    """`read` of the store at `db` opened read-only; while a `servewatch run` holds it,
+    `ask`ed of that service's local API (its URL), once the user is told so."""
     try:
         store = Store.open(db, create=False, read_only=True)
     except StoreBusyError as exc:
         holder = _held_by(db, exc)
         assert holder.api_url is not None
         try:
-            return fetch_window(holder.api_url, query, token=_api_token())
+            return ask(holder.api_url)
         except ServiceApiError as api_exc:
             raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
     except StoreError as exc:
         raise store_failure(exc) from exc
     with _damage_is_one_line(store):
-        return store.read_query(query)
+        return read(store)
 
 
 def read_answer(
@@ -347,19 +359,9 @@ def store_answer(
     params: Params | None = None,
 ) -> dict[str, Any]:
     """`read_answer` for the store at `db`, one of several a command reads."""
-    try:
-        store = Store.open(db, create=False, read_only=True)
-    except StoreBusyError as exc:
-        holder = _held_by(db, exc)
-        assert holder.api_url is not None
-        try:
-            return fetch_document(holder.api_url, path, params, token=_api_token())
-        except ServiceApiError as api_exc:
-            raise fail(f"{exc}; asked instead, {api_exc}") from api_exc
-    except StoreError as exc:
-        raise store_failure(exc) from exc
-    with _damage_is_one_line(store):
-        return read(store)
+    return _read_or_ask(
+        db, read, lambda api_url: fetch_document(api_url, path, params, token=_api_token())
+    )
 
 
 def instant(value: str | None, option: str) -> datetime | None:
