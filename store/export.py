@@ -21,7 +21,7 @@ import duckdb
 from servewatch.store.connection import StoreBase
 from servewatch.store.errors import StoreError, damage_error
 from servewatch.store.reads import points_query
-from servewatch.store.sql import window_clauses
+from servewatch.store.sql import path_literal, window_clauses
 
 
 class ExportError(StoreError):
@@ -162,10 +162,10 @@ class Exports(StoreBase):
         # Written beside the target and renamed over it: a failed or interrupted COPY leaves
         # no half file under the name asked for, and --force replaces the old file whole.
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        literal = str(partial.resolve()).replace("'", "''")
         try:
+            target = path_literal(partial.resolve())
             rows = self._con.execute(
-                f"COPY ({sql}) TO '{literal}' (FORMAT parquet, COMPRESSION zstd)", params
+                f"COPY ({sql}) TO {target} (FORMAT parquet, COMPRESSION zstd)", params
             ).fetchall()
             partial.replace(path)
         except duckdb.Error as exc:

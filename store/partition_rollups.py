@@ -38,7 +38,7 @@ from servewatch.store.rollups import (
     Statement,
     criteria_fingerprint,
 )
-from servewatch.store.sql import column_list, window_clauses
+from servewatch.store.sql import column_list, path_list, window_clauses
 
 # A relation with the requests table's columns and no rows: the source of a partition gone.
 _NO_REQUESTS = "(SELECT * FROM requests WHERE false)"
@@ -91,8 +91,7 @@ def files_state(files: Sequence[Path]) -> list[FileState]:
 
 
 def _source(files: Sequence[Path]) -> str:
-    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-    return f"read_parquet([{listed}], hive_partitioning = true)"
+    return f"read_parquet({path_list(files)}, hive_partitioning = true)"
 
 
 class PartitionRollups(MinuteRollups):

@@ -26,7 +26,7 @@ import polars as pl
 from servewatch.pipeline.partitions import HOUR, PARTITION_FILE, partition_hour, partition_of
 from servewatch.pipeline.tables import REQUESTS_SCHEMA
 from servewatch.store.errors import StoreError
-from servewatch.store.sql import check_schema, column_list
+from servewatch.store.sql import check_schema, column_list, path_list, path_literal
 
 # Rows per Parquet row group: DuckDB's default, fixed so the same rows give the same bytes.
 ROW_GROUP_ROWS = 122_880
@@ -55,14 +55,6 @@ class PartitionWritten:
     rewritten: bool
 
 
-def _literal(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
-def _file_list(paths: list[Path]) -> str:
-    return "[" + ", ".join(_literal(p) for p in paths) + "]"
-
-
 class PartitionWriter:
     """Stages request rows and merges them into the hourly partitions below `folder`."""
 
@@ -72,7 +64,7 @@ class PartitionWriter:
         self._batches = 0
         self._con = duckdb.connect(":memory:")
         self._con.execute(f"SET memory_limit = '{MERGE_MEMORY_LIMIT}'")
-        self._con.execute(f"SET temp_directory = {_literal(staging / 'spill')}")
+        self._con.execute(f"SET temp_directory = {path_literal(staging / 'spill')}")
         if threads is not None:
             self._con.execute(f"SET threads = {int(threads)}")
 
@@ -134,12 +126,12 @@ class PartitionWriter:
         columns = column_list(REQUESTS_SCHEMA)
         incoming = (
             f"SELECT {columns}, 1 AS _rank, {_SEQUENCE} AS _seq FROM read_parquet("
-            f"{_file_list(staged)}) WHERE end_ts >= ? AND end_ts < ?"
+            f"{path_list(staged)}) WHERE end_ts >= ? AND end_ts < ?"
         )
         params: list[object] = [start, start + HOUR]
         try:
             if target.exists():
-                stored = f"read_parquet({_literal(target)})"
+                stored = f"read_parquet({path_literal(target)})"
                 ((new_rows,),) = self._con.execute(
                     f"SELECT count(DISTINCT (i.trace_id, i.span_id)) FROM ({incoming}) i "
                     f"ANTI JOIN {stored} s USING (trace_id, span_id)",
@@ -163,14 +155,14 @@ class PartitionWriter:
             )
             try:
                 ((rows,),) = self._con.execute(
-                    f"COPY ({sql}) TO {_literal(partial)} (FORMAT parquet, COMPRESSION zstd, "
+                    f"COPY ({sql}) TO {path_literal(partial)} (FORMAT parquet, COMPRESSION zstd, "
                     f"ROW_GROUP_SIZE {ROW_GROUP_ROWS})",
                     params,
                 ).fetchall()
                 before = 0
                 if target.exists():
                     ((before,),) = self._con.execute(
-                        f"SELECT count(*) FROM read_parquet({_literal(target)})"
+                        f"SELECT count(*) FROM read_parquet({path_literal(target)})"
                     ).fetchall()
                 partial.replace(target)
             finally:

@@ -5,7 +5,9 @@ Table and column names come from the modules' own constants, never from input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 
@@ -21,6 +23,16 @@ def check_schema(what: str, frame: pl.DataFrame, schema: pl.Schema) -> None:
         raise StoreError(
             f"frame for {what} has columns {dict(frame.schema)}, expected {dict(schema)}"
         )
+
+
+def path_literal(path: Path) -> str:
+    """A file path as a SQL string literal (COPY TO, read_parquet): quotes doubled."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def path_list(paths: Sequence[Path]) -> str:
+    """Paths as a SQL list literal, for `read_parquet([...])`."""
+    return "[" + ", ".join(path_literal(p) for p in paths) + "]"
 
 
 def identifier(name: str) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-from servewatch.collectors.traces.ingest import Reject, add_chunk, text_size
+from servewatch.collectors.traces.ingest import ProgressCallback, Reject, add_chunk, text_size
 from servewatch.collectors.traces.otlp_json import read_trace_file
 from servewatch.collectors.traces.request_spans import RequestRows, SpanMapping
 from servewatch.collectors.traces.span_identity import TargetDirectory
@@ -120,9 +120,6 @@ def groups(files: Sequence[FileState], *, limit_bytes: int) -> Iterator[list[Fil
         size += f.size_bytes
     if group:
         yield group
-
-
-ProgressCallback = Callable[[int], None]
 
 
 def compact_traces(
