@@ -158,6 +158,9 @@ class Chunk:
     def last_instant_ms(self, step_ms: int) -> int:
         return self.start_ms + (self.end_ms - 1 - self.start_ms) // step_ms * step_ms
 
+    def holds(self, at_ms: int) -> bool:
+        return self.start_ms <= at_ms < self.end_ms
+
     def label(self) -> str:
         return f"{from_ms(self.start_ms).isoformat()}Z..{from_ms(self.end_ms).isoformat()}Z"
 
@@ -350,10 +353,9 @@ class ChunkRows:
     unassigned_series: int = 0
 
     def _in_chunk(self, timestamps_ms: Sequence[int]) -> list[int]:
-        # RAW answers reach a millisecond before the chunk (Prometheus 3 selects left-open
-        # ranges, 2.x closed ones) and up to its end, which belongs to the next chunk.
-        lo, hi = self.chunk.start_ms, self.chunk.end_ms
-        return [i for i, ts in enumerate(timestamps_ms) if lo <= ts < hi]
+        # RAW answers reach a millisecond before the chunk (`read_raw`) and up to its end,
+        # which belongs to the next chunk.
+        return [i for i, ts in enumerate(timestamps_ms) if self.chunk.holds(ts)]
 
     def add(self, matrix: Matrix) -> None:
         """Series of one family's answer, each assigned to its target and kind."""
@@ -577,8 +579,13 @@ def _read(api: PrometheusApi, selector: str, *, plan: ImportPlan, chunk: Chunk) 
             end_ms=chunk.last_instant_ms(window.step_ms),
             step_ms=window.step_ms,
         )
-    # One millisecond more than the chunk, so that Prometheus 3's left-open ranges reach its
-    # start too; `ChunkRows` keeps [start, end) only.
+    return read_raw(api, selector, chunk=chunk)
+
+
+def read_raw(api: PrometheusApi, selector: str, *, chunk: Chunk) -> Matrix:
+    """Every sample of `selector` in the chunk, as stored: a range vector ending at its end.
+    One millisecond more than the chunk, so that Prometheus 3's left-open ranges (2.x selects
+    closed ones) reach its start too; callers keep what the chunk `holds`."""
     range_ms = chunk.end_ms - chunk.start_ms + 1
     return api.query_matrix(f"{selector}[{range_ms}ms]", time_ms=chunk.end_ms)
 

@@ -27,6 +27,7 @@ from servewatch.collectors.prometheus.reader import (
     ImportWindow,
     Resolution,
     import_chunks,
+    read_raw,
 )
 from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.recorded_sli import record_catalogue
@@ -66,10 +67,10 @@ def recorded_rows(matrix: Matrix, *, source: str, chunk: Chunk) -> pl.DataFrame:
     for series in matrix.series:
         record = series.labels.get("__name__", "")
         text = labels_json({k: v for k, v in series.labels.items() if k != "__name__"})
-        # A range vector reaches a millisecond before the chunk (see `_read`) and up to its
+        # A range vector reaches a millisecond before the chunk (`read_raw`) and up to its
         # end, which belongs to the next chunk.
         for at_ms, value in zip(series.timestamps_ms, series.values, strict=True):
-            if chunk.start_ms <= at_ms < chunk.end_ms:
+            if chunk.holds(at_ms):
                 records.append(record)
                 labels.append(text)
                 ts_ms.append(at_ms)
@@ -90,14 +91,6 @@ def recorded_rows(matrix: Matrix, *, source: str, chunk: Chunk) -> pl.DataFrame:
         ts=pl.from_epoch(pl.col("ts_ms"), time_unit="ms").cast(pl.Datetime("us")),
         value="value",
     )
-
-
-def _read(api: PrometheusApi, record: str, *, chunk: Chunk) -> Matrix:
-    # One millisecond more than the chunk, so that left-open ranges (Prometheus 3) reach its
-    # start too; `recorded_rows` keeps [start, end) only.
-    range_ms = chunk.end_ms - chunk.start_ms + 1
-    selector = f"{{__name__={promql_string(record)}}}[{range_ms}ms]"
-    return api.query_matrix(selector, time_ms=chunk.end_ms)
 
 
 def import_recorded(
@@ -124,7 +117,7 @@ def import_recorded(
         frames: list[pl.DataFrame] = []
         rejects: list[Reject] = []
         for record in names:
-            matrix = _read(api, record, chunk=chunk)
+            matrix = read_raw(api, f"{{__name__={promql_string(record)}}}", chunk=chunk)
             queries += 1
             series_read += len(matrix.series)
             rows = recorded_rows(matrix, source=api.base_url, chunk=chunk)
