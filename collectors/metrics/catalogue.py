@@ -44,6 +44,16 @@ class CatalogueEntry:
     blank_values: tuple[float, ...] = ()  # raw values that mean "no data" wherever they fall
     clamp: tuple[float, float] | None = None  # range of the normalised value
 
+    @property
+    def changes_value(self) -> bool:
+        """Whether a value as exposed is not the value stored (scaled, blanked or clamped)."""
+        return (
+            self.scale != 1.0
+            or self.blank_at is not None
+            or bool(self.blank_values)
+            or self.clamp is not None
+        )
+
 
 @dataclass(frozen=True)
 class SourceRule:

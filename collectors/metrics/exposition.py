@@ -575,8 +575,7 @@ def parse_exposition(
     """
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
     cache = SeriesCache() if cache is None else cache
-    undecoded = not text.isascii() and _UNDECODED_RE.search(text) is not None
-    page = None if undecoded else _fast_page(text, fmt, cache)
+    page = None if _undecoded(text) else _fast_page(text, fmt, cache)
     if page is None:
         page = _careful_page(text, fmt)
     cache.trim()
@@ -587,22 +586,86 @@ def _format(openmetrics: bool) -> ExpositionFormat:
     return ExpositionFormat.OPENMETRICS if openmetrics else ExpositionFormat.TEXT
 
 
-def _fast_page(text: str, fmt: ExpositionFormat, cache: SeriesCache) -> ParsedPage | None:
-    """The page if every line is plainly well formed, else None (the careful path decides)."""
-    openmetrics = fmt is ExpositionFormat.OPENMETRICS
-    if openmetrics:
+@dataclass(frozen=True, slots=True)
+class PageShape:
+    """A page's text but its values: its format, `#` lines and series keys in page order, and
+    which sample lines' values the parser reads (all but `_created` samples)."""
+
+    format: ExpositionFormat
+    comments: list[str]
+    keys: list[str]
+    read: list[bool]
+
+
+def page_shape(text: str, *, openmetrics: bool | None = None) -> PageShape | None:
+    """The shape of a page the fast path can read, else None. A later page with the same shape
+    differs from this one in its values alone, which `shaped_values` reads."""
+    fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
+    cut = None if _undecoded(text) else _cut_page(text, fmt)
+    if cut is None:
+        return None
+    comments, keys, _ = cut
+    read = [not key.partition("{")[0].endswith(CREATED_SUFFIX) for key in keys]
+    return PageShape(fmt, comments, keys, read)
+
+
+def shaped_values(
+    text: str, shape: PageShape, *, openmetrics: bool | None = None
+) -> list[float] | None:
+    """The values `parse_exposition` reads from `text` (finite or NaN, without timestamps), in
+    page order, if `text` has `shape`; else None. The same steps as the fast path, less those
+    that a page of this shape already passed: its keys and `#` lines are the shape's."""
+    fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
+    if fmt is not shape.format or _undecoded(text):
+        return None
+    cut = _cut_page(text, fmt)
+    if cut is None:
+        return None
+    comments, keys, rests = cut
+    if keys != shape.keys or comments != shape.comments:
+        return None
+    columns = _values(
+        list(itertools.compress(rests, shape.read)),
+        openmetrics=fmt is ExpositionFormat.OPENMETRICS,
+    )
+    if columns is None:
+        return None
+    values, timestamps = columns
+    if timestamps.count(None) != len(timestamps) or math.inf in values or -math.inf in values:
+        return None
+    return values
+
+
+def _undecoded(text: str) -> bool:
+    """Whether the page holds bytes that were not UTF-8 (`page_text`'s lone surrogates)."""
+    return not text.isascii() and _UNDECODED_RE.search(text) is not None
+
+
+def _cut_page(text: str, fmt: ExpositionFormat) -> tuple[list[str], list[str], list[str]] | None:
+    """The fast path's first step: the page's `#` lines, and its sample lines cut into series
+    keys and the rest (`_cut_samples`); None if an OpenMetrics page's end is not plain."""
+    if fmt is ExpositionFormat.OPENMETRICS:
         body, eof, tail = text.rpartition("# EOF")
         if not eof or tail.strip() or not (body == "" or body.endswith("\n")):
             return None
         text = body
     lines = list(filter(None, text.split("\n")))
-    families = _fast_families(
-        [line for line in lines if line[0] == "#"], openmetrics=openmetrics, cache=cache
-    )
     rows = _cut_samples([line for line in lines if line[0] != "#"])
-    if families is None or rows is None:
+    if rows is None:
         return None
-    keys, rests = rows
+    return [line for line in lines if line[0] == "#"], *rows
+
+
+def _fast_page(text: str, fmt: ExpositionFormat, cache: SeriesCache) -> ParsedPage | None:
+    """The page if every line is plainly well formed, else None (the careful path decides)."""
+    openmetrics = fmt is ExpositionFormat.OPENMETRICS
+    cut = _cut_page(text, fmt)
+    if cut is None:
+        return None
+    comments, keys, rests = cut
+    families = _fast_families(comments, openmetrics=openmetrics, cache=cache)
+    if families is None:
+        return None
     distinct = set(keys)
     _learn_series(distinct.difference(cache.series_labels, cache.malformed), cache)
     if not distinct.isdisjoint(cache.malformed):

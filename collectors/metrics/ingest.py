@@ -10,6 +10,7 @@ By default only catalogued families are stored; the others are tallied in `unkno
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,16 +21,22 @@ import polars as pl
 from servewatch.collectors.metrics.block_counts import BlockPages, block_pages, in_tokens
 from servewatch.collectors.metrics.catalogue import (
     Catalogue,
-    CatalogueEntry,
     Disposition,
     SourceRule,
-    catalogue_frame,
-    entry_value,
 )
 from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import LineError, ParsedPage, SeriesCache
 from servewatch.collectors.metrics.exposition_batch import parse_expositions
+from servewatch.collectors.metrics.key_catalogue import catalogued_by_key
 from servewatch.collectors.metrics.page_kind import CATALOGUES, PageKind, page_kinds
+from servewatch.collectors.metrics.steady_pages import (
+    ROW_COLUMNS,
+    CleanPage,
+    SteadyPages,
+    steady_memory,
+    steady_rows,
+    steady_unknown,
+)
 from servewatch.collectors.scrape.targets import Target, TargetKind, targets_frame
 from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
@@ -58,6 +65,7 @@ class MetricIngestReport:
     new_scrapes: int = 0
     new_points: int = 0
     stored_samples: int = 0
+    steady_pages: int = 0  # pages stored from their target's last page (`steady_pages`)
     unknown_samples: int = 0
     dropped_samples: int = 0
     line_errors: list[Reject] = field(default_factory=list)
@@ -73,6 +81,10 @@ def _scrape_error(errors: Sequence[LineError]) -> str:
 
 # A page whose kind cannot be told: every sample is kept uncatalogued, from no known source.
 _UNTOLD = Catalogue(name="untold", entries=(), source_rule=SourceRule(default=None))
+
+
+def _catalogue_of(told: PageKind) -> Catalogue:
+    return _UNTOLD if told.kind is None else CATALOGUES[told.kind]
 
 
 def _page_kinds(
@@ -174,6 +186,7 @@ def _prepare_each(
         report.line_errors += own.line_errors
         report.failed_scrapes += own.failed_scrapes
         report.dropped_samples += own.dropped_samples
+        report.steady_pages += own.steady_pages
     prepared = _Prepared(
         scrapes=pl.concat([p.scrapes for p in parts]),
         samples=pl.concat([p.samples for p in parts]),
@@ -187,9 +200,104 @@ def _prepare(
     pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool, drop: DropRules
 ) -> _Prepared:
     """Parse and catalogue `pages` into the rows the store takes; line errors and failed
-    scrapes are added to `report`."""
-    fetched: list[int] = []
+    scrapes are added to `report`. Steady pages (`steady_pages`) are placed from their
+    target's memory; the others go the full way, and teach the memory."""
+    memory = steady_memory((keep_uncatalogued, drop))
+    steady = memory.recognise(
+        [
+            (p.target.target_id, p.target.kind.value, p.scrape_ts, p.body, p.openmetrics)
+            for p in pages
+        ]
+    )
+    full = _read_pages(
+        pages,
+        sorted(set(range(len(pages))).difference(m.index for m in steady)),
+        report,
+        keep_uncatalogued=keep_uncatalogued,
+        drop=drop,
+        memory=memory,
+    )
+    kinds = dict(full.kinds)
+    counts = dict(full.counts)
+    stored, unknown = full.stored, full.unknown
+    if steady:
+        kinds.update((m.index, m.page.told) for m in steady)
+        counts.update((m.index, m.page.rows.height) for m in steady)
+        report.dropped_samples += sum(m.page.dropped for m in steady)
+        report.steady_pages += len(steady)
+        rows = steady_rows(steady)
+        paged = _paged(pages)
+        stored = pl.concat(
+            [
+                stored,
+                rows.select(*ROW_COLUMNS, "value", **paged, ts=paged["scrape_ts"])
+                .select(SAMPLES_SCHEMA.names())
+                .cast(SAMPLES_SCHEMA),
+            ]
+        )
+        unknown = steady_unknown(
+            steady,
+            [(pages[m.index].target.target_id, pages[m.index].scrape_ts) for m in steady],
+            unknown,
+        )
+    stored_counts: dict[tuple[str, datetime], int] = {}
     for index, page in enumerate(pages):
+        key = (page.target.target_id, page.scrape_ts)
+        stored_counts[key] = stored_counts.get(key, 0) + counts.get(index, 0)
+    scrapes = pl.DataFrame(
+        [
+            _scrape_row(page, full.errors.get(i, ()), kinds.get(i), stored_counts)
+            for i, page in enumerate(pages)
+        ],
+        schema=SCRAPES_SCHEMA,
+        orient="row",
+    )
+    return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds))
+
+
+def _paged(pages: Sequence[Page]) -> dict[str, pl.Expr]:
+    """Each sample's target and scrape time, by its page number: a gather."""
+    target_id = pl.lit(pl.Series([p.target.target_id for p in pages], dtype=pl.String))
+    scrape_ts = pl.lit(pl.Series([p.scrape_ts for p in pages], dtype=pl.Datetime("us")))
+    return {
+        "target_id": target_id.gather(pl.col("page")),
+        "scrape_ts": scrape_ts.gather(pl.col("page")),
+    }
+
+
+_NO_UNKNOWN = pl.DataFrame(
+    schema={"target_id": pl.String, "family": pl.String, "samples": pl.Int64}
+    | dict.fromkeys(("first_seen_ts", "last_seen_ts"), pl.Datetime("us"))
+)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The full path's result for some pages of a batch, by page index."""
+
+    stored: pl.DataFrame
+    unknown: pl.DataFrame
+    counts: dict[int, int]  # stored samples
+    kinds: dict[int, PageKind]
+    errors: dict[int, list[LineError]]
+
+
+def _read_pages(
+    pages: Sequence[Page],
+    chosen: Sequence[int],
+    report: MetricIngestReport,
+    *,
+    keep_uncatalogued: bool,
+    drop: DropRules,
+    memory: SteadyPages,
+) -> _Read:
+    """Parse and catalogue the `chosen` pages, each sample numbered by its index in `pages`;
+    the clean ones are remembered in `memory`."""
+    if not chosen:
+        return _Read(pl.DataFrame(schema=SAMPLES_SCHEMA), _NO_UNKNOWN, {}, {}, {})
+    fetched: list[int] = []
+    for index in chosen:
+        page = pages[index]
         if page.body is None:
             where = f"scrape {page.scrape_ts.isoformat()}Z"
             report.failed_scrapes.append(
@@ -203,8 +311,8 @@ def _prepare(
         cache=_series_cache(),
     )
     parsed: dict[int, ParsedPage] = dict(zip(fetched, batch.pages, strict=True))
-    samples = batch.samples
-    if len(fetched) < len(pages):
+    samples = batch.samples.with_row_index("position")
+    if fetched != list(range(len(pages))):
         # Page numbers of the batch become indices into `pages` (a batch of every page is
         # numbered so already).
         samples = samples.with_columns(
@@ -223,8 +331,7 @@ def _prepare(
     catalogued: list[pl.LazyFrame] = []
     for kind, indices in by_kind.items():
         own = samples if len(by_kind) == 1 else samples.filter(pl.col("page").is_in(indices))
-        catalogue = _UNTOLD if kind is None else CATALOGUES[kind]
-        catalogued.append(_catalogued(own, catalogue=catalogue))
+        catalogued.append(catalogued_by_key(own, catalogue=_catalogue_of(PageKind(kind))))
     for index, result in sorted(parsed.items()):
         page = pages[index]
         for line_error in result.errors:
@@ -238,20 +345,24 @@ def _prepare(
         pl.concat(catalogued, how="diagonal_relaxed")
         if catalogued
         else pl.LazyFrame(
-            schema={"page": pl.UInt32, "timestamp_ms": pl.Int64, "family": pl.String}
+            schema={"page": pl.UInt32, "position": pl.UInt32, "timestamp_ms": pl.Int64}
+            | {"family": pl.String}
             | dict.fromkeys(("metric", "labels", "signal", "source"), pl.String)
             | {"value": pl.Float64, "disposition": pl.String}
         )
     )
-    # Each sample's page gives its target and scrape time: a gather by page number.
-    target_id = pl.lit(pl.Series([p.target.target_id for p in pages], dtype=pl.String))
-    scrape_ts = pl.lit(pl.Series([p.scrape_ts for p in pages], dtype=pl.Datetime("us")))
-    paged = {
-        "target_id": target_id.gather(pl.col("page")),
-        "scrape_ts": scrape_ts.gather(pl.col("page")),
-    }
+    paged = _paged(pages)
     kept = all_samples.filter(pl.col("disposition").is_in(wanted))
-    stored, per_page, unknown = pl.collect_all(
+    unknown_samples = all_samples.filter(pl.col("disposition") == Disposition.UNKNOWN.value)
+    clean = [
+        i
+        for i in fetched
+        if not parsed[i].errors
+        and kinds[i].error is None
+        and i not in blocks.block_size
+        and parsed[i].timestamp_ms.count(None) == len(parsed[i])
+    ]
+    stored, per_page, unknown, learnt, learnt_unknown, learnt_undropped = pl.collect_all(
         [
             kept.select(
                 **paged,
@@ -266,30 +377,46 @@ def _prepare(
                 value=pl.col("value"),
             ).cast(SAMPLES_SCHEMA),
             kept.group_by("page").len(),
-            all_samples.filter(pl.col("disposition") == Disposition.UNKNOWN.value)
-            .with_columns(**paged)
+            unknown_samples.with_columns(**paged)
             .group_by("target_id", "family")
             .agg(
                 samples=pl.len().cast(pl.Int64),
                 first_seen_ts=pl.col("scrape_ts").min(),
                 last_seen_ts=pl.col("scrape_ts").max(),
             ),
+            kept.filter(pl.col("page").is_in(clean)).select("page", "position", *ROW_COLUMNS),
+            unknown_samples.filter(pl.col("page").is_in(clean)).group_by("page", "family").len(),
+            samples.lazy().filter(pl.col("page").is_in(clean)).group_by("page").len(),
         ]
     )
-    stored_by_page = dict(per_page.iter_rows())
-    stored_counts: dict[tuple[str, datetime], int] = {}
-    for index, page in enumerate(pages):
-        key = (page.target.target_id, page.scrape_ts)
-        stored_counts[key] = stored_counts.get(key, 0) + stored_by_page.get(index, 0)
-    scrapes = pl.DataFrame(
-        [
-            _scrape_row(page, parsed.get(i), kinds.get(i), stored_counts)
-            for i, page in enumerate(pages)
-        ],
-        schema=SCRAPES_SCHEMA,
-        orient="row",
+    if clean:
+        starts = itertools.accumulate(map(len, batch.pages[:-1]), initial=0)
+        memory.learn_pages(
+            {
+                i: CleanPage(
+                    target_id=pages[i].target.target_id,
+                    kind=pages[i].target.kind.value,
+                    body=pages[i].body or "",
+                    openmetrics=pages[i].openmetrics,
+                    parsed=parsed[i],
+                    told=kinds[i],
+                    catalogue=_catalogue_of(kinds[i]),
+                    start=start,
+                )
+                for i, start in zip(fetched, starts, strict=True)
+                if i in clean
+            },
+            rows=learnt,
+            unknown=learnt_unknown,
+            undropped=dict(learnt_undropped.iter_rows()),
+        )
+    return _Read(
+        stored=stored,
+        unknown=unknown,
+        counts=dict(per_page.iter_rows()),
+        kinds=kinds,
+        errors={i: parsed[i].errors for i in fetched},
     )
-    return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds))
 
 
 UNCONVERTED_BLOCKS = (
@@ -312,143 +439,25 @@ def _page_notes(
 
 def _scrape_row(
     page: Page,
-    parsed: ParsedPage | None,
+    errors: Sequence[LineError],
     kind: PageKind | None,
     stored: dict[tuple[str, datetime], int],
 ) -> tuple[object, ...]:
     target_id = page.target.target_id
-    if parsed is None or kind is None:
+    if page.body is None or kind is None:
         error = page.error or "no page"
         return (target_id, page.scrape_ts, False, page.duration_s, 0, error, None)
-    errors = [kind.error] if kind.error else []
-    if parsed.errors:
-        errors.append(_scrape_error(parsed.errors))
+    noted = [kind.error] if kind.error else []
+    if errors:
+        noted.append(_scrape_error(errors))
     return (
         target_id,
         page.scrape_ts,
-        not errors,
+        not noted,
         page.duration_s,
         stored.get((target_id, page.scrape_ts), 0),
-        "; ".join(errors) or None,
+        "; ".join(noted) or None,
         None if kind.kind is None else kind.kind.value,
-    )
-
-
-_KEY = ["metric", "labels"]
-_BY_KEY = ["canonical_metric", "canonical_labels", "family", "signal", "source", "disposition"]
-_VALUE_BY_KEY = [
-    "_cat_scale",
-    "_cat_blank_at",
-    "_cat_blank_values",
-    "_cat_clamp_lo",
-    "_cat_clamp_hi",
-]
-_KEY_SCHEMA = pl.Schema(
-    dict.fromkeys([*_KEY, *_BY_KEY], pl.String())
-    | {"alias": pl.Boolean(), "rescales": pl.Boolean()}
-    | dict.fromkeys(_VALUE_BY_KEY, pl.Float64())
-    | {"_cat_blank_values": pl.List(pl.Float64())}
-)
-MAX_CACHED_KEYS = 200_000
-
-
-def _known_keys(catalogue: Catalogue) -> dict[str, pl.DataFrame]:
-    """This thread's catalogue results per (name, labels) key as exposed, by catalogue."""
-    known: dict[str, pl.DataFrame] | None = getattr(_THREAD, "catalogued_keys", None)
-    if known is None:
-        known = {}
-        _THREAD.catalogued_keys = known
-    if catalogue.name not in known or known[catalogue.name].height > MAX_CACHED_KEYS:
-        known[catalogue.name] = pl.DataFrame(schema=_KEY_SCHEMA)
-    return known
-
-
-def _learn_keys(keys: pl.DataFrame, *, catalogue: Catalogue) -> pl.DataFrame:
-    """What the catalogue makes of each (name, labels) key on its own: each key is its own
-    page here, so no key shadows another; shadowing is decided per batch by `_catalogued`."""
-    exposed = pl.col("metric")
-    return (
-        catalogue_frame(
-            keys.lazy()
-            .with_row_index("key")
-            .with_columns(value=pl.lit(0.0), _exposed_labels=pl.col("labels")),
-            catalogue=catalogue,
-            page_by=["key"],
-        )
-        .select(
-            metric="exposed",
-            labels=pl.col("_exposed_labels"),
-            canonical_metric="metric",
-            canonical_labels="labels",
-            family="family",
-            signal="signal",
-            source="source",
-            disposition="disposition",
-        )
-        .join(
-            catalogue.entry_frame().select("exposed", *_VALUE_BY_KEY),
-            left_on="metric",
-            right_on="exposed",
-            how="left",
-        )
-        .collect()
-        .with_columns(
-            alias=exposed.is_in([e.exposed for e in catalogue.entries if e.alias]),
-            rescales=exposed.is_in([e.exposed for e in catalogue.entries if not _keeps_value(e)]),
-        )
-        .select(_KEY_SCHEMA.names())
-        .cast(_KEY_SCHEMA)
-    )
-
-
-def _catalogued(samples: pl.DataFrame, *, catalogue: Catalogue) -> pl.LazyFrame:
-    """`catalogue_frame` of a batch, with the name and label work done once per distinct
-    (name, labels) key and remembered across batches (this thread's, `_known_keys`): a
-    target exposes the same keys every scrape, and the replicas of a pool share them, so a
-    steady batch is one join. Exact: values still go through the catalogue wherever its
-    entry rescales, blanks or clamps them, and a batch where an old alias meets its current
-    name falls back to cataloguing every sample, since shadowing is decided page by page."""
-    cache = _known_keys(catalogue)
-    keyed = samples.join(cache[catalogue.name], on=_KEY, how="left")
-    if keyed.get_column("disposition").null_count():
-        unknown = keyed.filter(pl.col("disposition").is_null())
-        learnt = _learn_keys(unknown.select(_KEY).unique(), catalogue=catalogue)
-        cache[catalogue.name] = pl.concat([cache[catalogue.name], learnt], rechunk=True)
-        keyed = pl.concat(
-            [
-                keyed.filter(pl.col("disposition").is_not_null()),
-                unknown.select(samples.columns).join(learnt, on=_KEY, how="inner"),
-            ]
-        )
-    catalogued = pl.col("disposition") == Disposition.CATALOGUED.value
-    if keyed.get_column("alias").any():
-        twins = keyed.filter(catalogued).group_by("canonical_metric", "canonical_labels")
-        if twins.agg(pl.col("alias").n_unique() > 1).get_column("alias").any():
-            return catalogue_frame(samples.lazy(), catalogue=catalogue, page_by=["page"])
-    # The entry's scale, sentinel and clamp are remembered with each key, so the values that
-    # an entry changes are recomputed here, by the catalogue's own expression.
-    value = pl.col("value")
-    if keyed.get_column("rescales").any():
-        value = pl.when(pl.col("rescales")).then(entry_value(value)).otherwise(value)
-    return keyed.lazy().select(
-        "page",
-        "timestamp_ms",
-        value=value,
-        metric="canonical_metric",
-        labels="canonical_labels",
-        family="family",
-        signal="signal",
-        source="source",
-        disposition="disposition",
-    )
-
-
-def _keeps_value(entry: CatalogueEntry) -> bool:
-    return (
-        entry.scale == 1.0
-        and entry.blank_at is None
-        and not entry.blank_values
-        and entry.clamp is None
     )
 
 

@@ -28,7 +28,7 @@ import ssl
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 from urllib.parse import unquote, urlsplit
 from urllib.request import getproxies_environment, proxy_bypass
 
@@ -102,8 +102,8 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport instances, only alike.
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -222,7 +222,7 @@ class PageClient:
         loop = asyncio.get_running_loop()
         tls = self.tls_context() if origin.scheme == "https" else None
         try:
-            _, connection = await loop.create_connection(
+            transport, connection = await loop.create_connection(
                 lambda: _Connection(loop),
                 origin.host,
                 origin.port,
@@ -231,6 +231,8 @@ class PageClient:
             )
         except (OSError, ssl.SSLError) as exc:
             raise ConnectError(str(exc) or type(exc).__name__) from exc
+        # uvloop may call connection_made after create_connection has returned.
+        connection.transport = transport
         return connection
 
     async def _exchange(

@@ -1,0 +1,261 @@
+"""Steady pages: a target's page that repeats its last page's text in everything but values.
+
+A target exposes the same series in the same order scrape after scrape; only the values move.
+So the ingest remembers, per target, what its last clean page became: the page's shape (its
+`#` lines and series keys, `exposition.PageShape`), the rows it stored (canonical name, labels,
+signal and source, and which of the page's values each row holds), its uncatalogued tally, its
+dropped count and its kind. A later page of that target with the same shape is stored from
+this memory: its values are read by the parser's own steps (`shaped_values`) and put in place,
+with no series key parsed, no catalogue join and no kind told again.
+
+Exact by construction: what a page becomes is a function of its text outside the values, its
+target's kind, the catalogue and the ingest's options, and the memory is learnt from the full
+path's own result for a page, checked against the values the steady path reads from it. Only a
+clean page is learnt (no malformed line, no timestamps, no infinite value, a kind that could be
+told, no block-counted counters to convert); any other page, or a page whose shape moved, goes
+the full way, and the golden replays and differential tests hold both ways to one result.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from servewatch.collectors.metrics.catalogue import Catalogue, entry_value
+from servewatch.collectors.metrics.exposition import (
+    PageShape,
+    ParsedPage,
+    page_shape,
+    shaped_values,
+)
+from servewatch.collectors.metrics.page_kind import PageKind
+
+# Remembered pages per thread and options: about one page's keys each (tens of KB), so a
+# fleet of thousands of targets stays within tens of MB.
+MAX_TARGETS = 20_000
+# The stored columns a steady page's rows repeat, and the catalogue's value columns of the rows
+# whose entry rescales, blanks or clamps their values.
+ROW_COLUMNS = ("metric", "labels", "signal", "source")
+_VALUE_COLUMNS = (
+    "_cat_scale",
+    "_cat_blank_at",
+    "_cat_blank_values",
+    "_cat_clamp_lo",
+    "_cat_clamp_hi",
+)
+_RESCALES = "_rescales"
+
+
+@dataclass(frozen=True)
+class SteadyPage:
+    """What a clean page of a target became, for the next page of the same shape."""
+
+    kind: str  # the target's kind as configured: a remembered page holds for that kind only
+    shape: PageShape
+    told: PageKind
+    rows: pl.DataFrame  # ROW_COLUMNS (and the value columns where `rescales`)
+    values: Callable[[list[float]], Sequence[float]]  # the rows' values from the page's values
+    rescales: bool
+    unknown: tuple[tuple[str, int], ...]  # uncatalogued samples by family
+    dropped: int
+
+
+@dataclass(frozen=True)
+class SteadyMatch:
+    """A page recognised as steady: its index in the batch, memory and values."""
+
+    index: int
+    page: SteadyPage
+    values: list[float]
+
+
+class SteadyPages:
+    """The remembered pages of one thread's ingests with one set of options, by target."""
+
+    def __init__(self, *, max_targets: int = MAX_TARGETS) -> None:
+        self._pages: dict[str, SteadyPage] = {}
+        self._max_targets = max_targets
+
+    def recognise(
+        self, pages: Sequence[tuple[str, str, object, str | None, bool | None]]
+    ) -> list[SteadyMatch]:
+        """The steady ones among (target id, kind, scrape time, body, openmetrics) pages. None
+        when two pages share a target and time: which one a store keeps is the full path's to
+        decide."""
+        keys = [(target_id, ts) for target_id, _, ts, _, _ in pages]
+        if len(set(keys)) < len(keys):
+            return []
+        found: list[SteadyMatch] = []
+        for index, (target_id, kind, _, body, openmetrics) in enumerate(pages):
+            remembered = self._pages.get(target_id)
+            if body is None or remembered is None or remembered.kind != kind:
+                continue
+            values = shaped_values(body, remembered.shape, openmetrics=openmetrics)
+            if values is not None:
+                found.append(SteadyMatch(index, remembered, values))
+        return found
+
+    def learn_pages(
+        self,
+        pages: Mapping[int, CleanPage],
+        *,
+        rows: pl.DataFrame,
+        unknown: pl.DataFrame,
+        undropped: Mapping[int, int],
+    ) -> None:
+        """Remember what each of `pages` (by page number) became: `rows` are the rows the
+        full path stored for them (`page`, `position` in the batch frame and ROW_COLUMNS),
+        `unknown` their uncatalogued samples by `page` and `family`, `undropped` their
+        samples left after the drop rules, by page."""
+        tallies: dict[int, list[tuple[str, int]]] = {}
+        for index, family, count in unknown.sort("page", "family").iter_rows():
+            tallies.setdefault(index, []).append((family, count))
+        for (index,), own in rows.partition_by("page", as_dict=True).items():
+            clean = pages[int(index)]
+            learnt = learnt_page(
+                clean,
+                rows=own.with_columns(pl.col("position") - clean.start),
+                unknown=tuple(tallies.get(int(index), ())),
+                dropped=len(clean.parsed) - undropped.get(int(index), 0),
+            )
+            if learnt is None:
+                continue
+            if clean.target_id not in self._pages and len(self._pages) >= self._max_targets:
+                self._pages.clear()
+            self._pages[clean.target_id] = learnt
+
+
+@dataclass(frozen=True)
+class CleanPage:
+    """A page the full path read with nothing to note, as the memory learns it."""
+
+    target_id: str
+    kind: str  # the target's kind as configured
+    body: str
+    openmetrics: bool | None
+    parsed: ParsedPage
+    told: PageKind
+    catalogue: Catalogue  # the catalogue of its told kind
+    start: int  # its first sample's position in the batch frame
+
+
+def learnt_page(
+    clean: CleanPage, *, rows: pl.DataFrame, unknown: tuple[tuple[str, int], ...], dropped: int
+) -> SteadyPage | None:
+    """The memory of a clean page, or None if the steady path would not read it so. `rows`
+    are the rows the full path stored for it: ROW_COLUMNS and `position`, the index among the
+    page's parsed samples of the sample each row holds."""
+    shape = page_shape(clean.body, openmetrics=clean.openmetrics)
+    if shape is None:
+        return None
+    read = shaped_values(clean.body, shape, openmetrics=clean.openmetrics)
+    if read is None or _bits(read) != _bits(clean.parsed.value):
+        return None
+    positions: list[int] = rows.get_column("position").to_list()
+    changing = {e.exposed for e in clean.catalogue.entries if e.changes_value}
+    names = [clean.parsed.metric[p] for p in positions]
+    rescales = any(name in changing for name in names)
+    kept = rows.select(ROW_COLUMNS)
+    if rescales:
+        entries = clean.catalogue.entry_frame().select("exposed", *_VALUE_COLUMNS).collect()
+        kept = (
+            kept.with_columns(exposed=pl.Series(names, dtype=pl.String))
+            .join(entries, on="exposed", how="left", maintain_order="left")
+            .with_columns(pl.col("exposed").is_in(list(changing)).alias(_RESCALES))
+            .drop("exposed")
+        )
+    picker = _picker(positions)
+    return SteadyPage(clean.kind, shape, clean.told, kept, picker, rescales, unknown, dropped)
+
+
+def _picker(positions: list[int]) -> Callable[[list[float]], Sequence[float]]:
+    """The values at `positions`, picked in one C call (`operator.itemgetter`)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return lambda _values: ()
+
+
+def steady_rows(matches: Sequence[SteadyMatch]) -> pl.DataFrame:
+    """The rows the matched pages store: ROW_COLUMNS, `page` (the match's index) and `value`,
+    each from its page's values and, where its entry changes values, through the catalogue's
+    own expression (`entry_value`)."""
+    pages = (itertools.repeat(m.index, m.page.rows.height) for m in matches)
+    values = (m.page.values(m.values) for m in matches)
+    frame = pl.concat([m.page.rows for m in matches], how="diagonal_relaxed").with_columns(
+        page=pl.Series(itertools.chain.from_iterable(pages), dtype=pl.UInt32),
+        value=pl.Series(itertools.chain.from_iterable(values), dtype=pl.Float64),
+    )
+    if any(m.page.rescales for m in matches):
+        frame = frame.with_columns(
+            value=pl.when(pl.col(_RESCALES).fill_null(value=False))
+            .then(entry_value(pl.col("value")))
+            .otherwise(pl.col("value"))
+        ).drop(_RESCALES, *_VALUE_COLUMNS)
+    return frame
+
+
+def steady_unknown(
+    matches: Sequence[SteadyMatch],
+    scrapes: Sequence[tuple[str, datetime]],
+    unknown: pl.DataFrame,
+) -> pl.DataFrame:
+    """`unknown` (the full path's uncatalogued tally by target and family) with the matched
+    pages' added; `scrapes` gives each match's target and scrape time."""
+    tallied = [
+        (target_id, family, count, ts)
+        for m, (target_id, ts) in zip(matches, scrapes, strict=True)
+        for family, count in m.page.unknown
+    ]
+    if not tallied:
+        return unknown
+    target_id, family, count, seen = zip(*tallied, strict=True)
+    added = pl.DataFrame(
+        {
+            "target_id": pl.Series(target_id, dtype=pl.String),
+            "family": pl.Series(family, dtype=pl.String),
+            "samples": pl.Series(count, dtype=pl.Int64),
+            "first_seen_ts": pl.Series(seen, dtype=pl.Datetime("us")),
+            "last_seen_ts": pl.Series(seen, dtype=pl.Datetime("us")),
+        }
+    )
+    return (
+        pl.concat([unknown, added.select(unknown.columns)], how="vertical_relaxed")
+        .group_by("target_id", "family")
+        .agg(
+            pl.col("samples").sum(),
+            pl.col("first_seen_ts").min(),
+            pl.col("last_seen_ts").max(),
+        )
+    )
+
+
+def _bits(values: Sequence[float]) -> bytes:
+    """The values' bits, so that a NaN equals itself and -0.0 differs from 0.0."""
+    return array.array("d", values).tobytes()
+
+
+_THREAD = threading.local()
+
+
+def steady_memory(options: tuple[object, ...]) -> SteadyPages:
+    """This thread's remembered pages for ingests with `options` (what a page becomes besides
+    its text: whether uncatalogued families are kept, the drop rules)."""
+    memories: dict[tuple[object, ...], SteadyPages] | None = getattr(_THREAD, "memories", None)
+    if memories is None:
+        memories = {}
+        _THREAD.memories = memories
+    if options not in memories:
+        if len(memories) >= 8:  # options change rarely; a few sets are kept
+            memories.clear()
+        memories[options] = SteadyPages()
+    return memories[options]
