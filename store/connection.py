@@ -28,9 +28,16 @@ class StoreBase:
         self.path = path
         self._clock = clock
         self._written = WrittenKeys()
+        # Targets' seen times the write path holds back, by target (`PointWrites`), and the
+        # latest scrape time of the batch that last wrote them.
+        self._unwritten_seen: dict[str, tuple[object, ...]] = {}
+        self._seen_written_ts: datetime | None = None
         self.reads: Counter[str] = Counter()
         """How often each table's rows were read through this connection (a table read once
         per window is what `read_window` promises, and the tests count)."""
+
+    def _settle(self) -> None:
+        """Write what the write path holds back; called before anything reads its tables."""
 
     def now(self) -> datetime:
         """The store's clock (naive UTC), injected at open for tests."""

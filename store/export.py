@@ -157,6 +157,7 @@ class Exports(StoreBase):
         from_ts: datetime | None,
         to_ts: datetime | None,
     ) -> ExportedFile:
+        self._settle()
         sql, params = _select(spec, from_ts, to_ts)
         _make_folder(path.parent)
         # Written beside the target and renamed over it: a failed or interrupted COPY leaves

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 
 import duckdb
 import polars as pl
@@ -75,6 +75,12 @@ def _merged(
     return incoming if stored is None else stored
 
 
+# How far (in scrape time) targets' seen times may lag in the table while steady batches only
+# move them: they are held in memory meanwhile (`_settle` writes them before any read of the
+# targets, and at close), which spares most batches an UPDATE of ~1-2 ms. A crash loses at
+# most this much of their movement; scrapes and points are written with every batch.
+SEEN_HELD_BACK = timedelta(seconds=60)
+
 # Rows of a DuckDB row group (its default, `row_group_size`).
 ROW_GROUP_ROWS = 122_880
 _SCRAPE_KEY = ["target_id", "scrape_ts"]
@@ -131,11 +137,16 @@ class PointWrites(PointCompaction):
         are not written again, and targets known with the same attributes only get their
         seen times moved (an UPDATE, cheaper in DuckDB than an upsert)."""
         check_schema("targets", frame, TARGETS_SCHEMA)
-        self._write_targets(frame)
+        self._write_targets(frame, defer=False)
+        self._unwritten_seen.clear()
 
-    def _write_targets(self, frame: pl.DataFrame) -> None:
-        if frame.height == 0:
-            return
+    def _write_targets(
+        self, frame: pl.DataFrame, *, defer: bool
+    ) -> list[tuple[object, ...]] | None:
+        """Write `frame`'s targets in the open transaction. With `defer`, seen times that
+        only moved are not written but returned, for `_seen_committed` once the batch is;
+        else (or when a target is new or changed) they are written with every seen time held
+        back so far, and None is returned."""
         stored = self._stored_targets()
         moved: list[tuple[object, ...]] = []
         upserted: list[tuple[object, ...]] = []
@@ -148,6 +159,11 @@ class PointWrites(PointCompaction):
             last = _merged(known[-1], row[-1], max)
             if (first, last) != known[-2:]:
                 moved.append((*known[:-2], first, last))
+        if defer and not upserted:
+            stored.update((str(row[0]), row) for row in moved)
+            return moved
+        # Held-back seen times first: an upsert below then keeps the later of its own and them.
+        self._write_seen([*self._unwritten_seen.values(), *moved])
         if upserted:
             self._con.register(
                 "incoming_targets",
@@ -169,19 +185,49 @@ class PointWrites(PointCompaction):
                 )
             finally:
                 self._con.unregister("incoming_targets")
-        if moved:
-            # The few moved rows go as list parameters: cheaper than scanning an Arrow table.
-            self._con.execute(
-                "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
-                "last_seen_ts = m.last_seen_ts FROM (SELECT unnest(?) AS target_id, "
-                "unnest(?) AS first_seen_ts, unnest(?) AS last_seen_ts) m "
-                "WHERE targets.target_id = m.target_id",
-                [[row[0] for row in moved], [row[-2] for row in moved], [row[-1] for row in moved]],
-            )
-        if upserted:
             self._written.targets = None  # the upsert merged rows in SQL: read them when needed
         else:
             stored.update((str(row[0]), row) for row in moved)
+        return None
+
+    def _write_seen(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """Set targets' seen times to those of `rows` (target rows as `_TARGET_ROW_SCHEMA`)."""
+        if not rows:
+            return
+        # The few rows go as list parameters: cheaper than scanning an Arrow table.
+        self._con.execute(
+            "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
+            "last_seen_ts = m.last_seen_ts FROM (SELECT unnest(?) AS target_id, "
+            "unnest(?) AS first_seen_ts, unnest(?) AS last_seen_ts) m "
+            "WHERE targets.target_id = m.target_id",
+            [[row[0] for row in rows], [row[-2] for row in rows], [row[-1] for row in rows]],
+        )
+
+    def _seen_due(self, latest: datetime) -> bool:
+        """Whether held-back seen times are to be written with a batch whose latest scrape is
+        at `latest`: when none were written yet, or the last write is SEEN_HELD_BACK behind."""
+        written = self._seen_written_ts
+        return written is None or latest - written >= SEEN_HELD_BACK or latest < written
+
+    def _seen_committed(self, deferred: list[tuple[object, ...]] | None, latest: datetime) -> None:
+        """After a batch's commit: its held-back seen times join the others, or, if the batch
+        wrote them (`deferred` None), none is held back any more."""
+        if deferred is not None:
+            for row in deferred:
+                held = self._unwritten_seen.get(str(row[0]))
+                if held is not None:  # the earliest and latest of both, as the UPDATE would
+                    first = _merged(held[-2], row[-2], min)
+                    row = (*row[:-2], first, _merged(held[-1], row[-1], max))  # noqa: PLW2901
+                self._unwritten_seen[str(row[0])] = row
+        else:
+            self._unwritten_seen.clear()
+            self._seen_written_ts = latest
+
+    def _settle(self) -> None:
+        """Write the seen times held back, before anything reads targets."""
+        if self._unwritten_seen:
+            self._write_seen(list(self._unwritten_seen.values()))
+            self._unwritten_seen.clear()
 
     def _stored_targets(self) -> dict[str, tuple[object, ...]]:
         if self._written.targets is None:
@@ -226,7 +272,8 @@ class PointWrites(PointCompaction):
             targets = pl.DataFrame(schema=TARGETS_SCHEMA)
         check_schema("targets", targets, TARGETS_SCHEMA)
         if scrapes.height == 0:
-            self._write_targets(targets)
+            self._write_targets(targets, defer=False)
+            self._unwritten_seen.clear()
             return (0, 0)
         new_scrapes = new_points = 0
         for index, (some_scrapes, some_samples) in enumerate(write_chunks(scrapes, samples)):
@@ -267,9 +314,11 @@ class PointWrites(PointCompaction):
         if self._may_repeat_points(new_scrapes, samples):
             points = self._unstored_points(points)
         blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
+        latest_scrape = scrapes.get_column("ts").max()
+        assert isinstance(latest_scrape, datetime)
         self._con.execute("BEGIN TRANSACTION")
         try:
-            self._write_targets(targets)
+            deferred = self._write_targets(targets, defer=not self._seen_due(latest_scrape))
             self._append_few("scrapes", new_scrapes, SCRAPES_SCHEMA)
             self._append("series", new_series, SERIES_SCHEMA)
             self._append("points_head", points, _POINTS_HEAD_SCHEMA)
@@ -285,6 +334,7 @@ class PointWrites(PointCompaction):
                 f"writing {scrapes.height} scrapes to {self.path} failed: {exc}"
             ) from exc
         self._written.committed(new_scrapes, new_series, blocks)
+        self._seen_committed(deferred, latest_scrape)
         if points.height:
             latest = points.get_column("ts").max()
             assert isinstance(latest, datetime)

@@ -36,6 +36,7 @@ class Reads(StoreBase):
         return self._read(sql, params, table="requests")
 
     def read_targets(self) -> pl.LazyFrame:
+        self._settle()
         sql = f"SELECT {column_list(TARGETS_SCHEMA)} FROM targets ORDER BY target_id"
         return self._read(sql, table="targets")
 

@@ -179,6 +179,8 @@ class Store(
         self.close()
 
     def close(self) -> None:
+        if not self.read_only:
+            self._settle()
         self._con.close()
 
     @property

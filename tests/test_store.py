@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -26,6 +26,7 @@ from servewatch.pipeline.tables import (
 )
 from servewatch.store import SchemaTooNewError, Store, StoreError
 from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
+from servewatch.store.points import SEEN_HELD_BACK
 
 RAW_TABLES = ("targets", "scrapes", "series", "points", "requests", "ingest_errors")
 
@@ -288,3 +289,41 @@ def test_targets_written_with_scrapes_keep_the_seen_range(store: Store) -> None:
     store.write_scrapes(*scrape_batch([later]), targets=target(later, later, zone="z1"))
     row = store.read_targets().collect().row(0, named=True)
     assert (row["first_seen_ts"], row["last_seen_ts"], row["zone"]) == (t0, later, "z1")
+
+
+def test_seen_times_held_back_are_exact_to_every_reader(tmp_path: Path) -> None:
+    def target(at: datetime, zone: str | None = None) -> pl.DataFrame:
+        row = ("t1", "vllm", "http://127.0.0.1:1/metrics", "r1", "h1", zone, None, None, 1)
+        return pl.DataFrame([(*row, at, at, None)], schema=TARGETS_SCHEMA, orient="row")
+
+    def in_table(path: Path) -> tuple[datetime, datetime]:
+        # The table itself, around the store's own reads (which write held-back times first).
+        with duckdb.connect(str(path)) as con:  # in this process: beside an open store too
+            rows = con.execute("SELECT first_seen_ts, last_seen_ts FROM targets").fetchall()
+        return rows[0]
+
+    path = tmp_path / "s.duckdb"
+    t0 = datetime(2026, 11, 18, 10, 0, 0)
+    seconds = [0, 15, 30, 45, 60, 75, 90]
+    with Store.open(path) as store:
+        for s in seconds:
+            at = t0 + timedelta(seconds=s)
+            store.write_scrapes(*scrape_batch([at]), targets=target(at))
+            row = store.read_targets().collect().row(0, named=True)
+            assert (row["first_seen_ts"], row["last_seen_ts"]) == (t0, at)
+        later = t0 + timedelta(seconds=105)
+        store.write_scrapes(*scrape_batch([later]), targets=target(later))
+    assert in_table(path) == (t0, later)  # written at close
+
+    with Store.open(path) as store:
+        for s in range(120, 120 + 15 * 6, 15):  # 75 s of steady batches, read by nobody
+            at = t0 + timedelta(seconds=s)
+            store.write_scrapes(*scrape_batch([at]), targets=target(at))
+        at = t0 + timedelta(seconds=120 + 15 * 5)
+        # Held back at most SEEN_HELD_BACK: one batch of the six wrote them.
+        first, last = in_table(path)
+        assert first == t0
+        assert at - last < SEEN_HELD_BACK
+        store.write_scrapes(*scrape_batch([at + timedelta(seconds=15)]), targets=target(at, "z"))
+        # A changed target writes what was held back with it, and the upsert keeps the later.
+        assert in_table(path) == (t0, at)
