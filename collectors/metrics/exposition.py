@@ -31,7 +31,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -586,48 +586,81 @@ def _format(openmetrics: bool) -> ExpositionFormat:
     return ExpositionFormat.OPENMETRICS if openmetrics else ExpositionFormat.TEXT
 
 
+# A line's last token: what follows its last space. On a sample line without a timestamp that
+# is the value; one regular-expression split cuts a whole page so.
+_LAST_TOKEN_RE = re.compile(r" ([^ \n]*)$", re.MULTILINE)
+
+
 @dataclass(frozen=True, slots=True)
 class PageShape:
-    """A page's text but its values: its format, `#` lines and series keys in page order, and
-    which sample lines' values the parser reads (all but `_created` samples)."""
+    """A page's text but its values: the page cut before each line's last token (`skeleton`),
+    the last tokens of its `#` lines, and which tokens are the values the parser reads (every
+    sample's but `_created` ones) and which are `_created` values (never read)."""
 
     format: ExpositionFormat
-    comments: list[str]
-    keys: list[str]
-    read: list[bool]
+    skeleton: list[str]
+    comment_tokens: tuple[str, ...]
+    comments: Callable[[list[str]], tuple[str, ...]]
+    samples: Callable[[list[str]], tuple[str, ...]]
+    read: Callable[[list[str]], tuple[str, ...]]
 
 
 def page_shape(text: str, *, openmetrics: bool | None = None) -> PageShape | None:
-    """The shape of a page the fast path can read, else None. A later page with the same shape
-    differs from this one in its values alone, which `shaped_values` reads."""
+    """The shape of `text`, or None for a page no later page could share values alone with
+    (bytes that were not UTF-8). `shaped_values` reads a later page of the same shape."""
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
-    cut = None if _undecoded(text) else _cut_page(text, fmt)
-    if cut is None:
+    if _undecoded(text):
         return None
-    comments, keys, _ = cut
-    read = [not key.partition("{")[0].endswith(CREATED_SUFFIX) for key in keys]
-    return PageShape(fmt, comments, keys, read)
+    parts = _LAST_TOKEN_RE.split(text)
+    skeleton = parts[0::2]
+    comments: list[int] = []
+    samples: list[int] = []
+    read: list[int] = []
+    for index, before in enumerate(skeleton[:-1]):
+        head = before.rpartition("\n")[2]  # the token's line, up to its last space
+        if head.startswith("#"):
+            comments.append(index)
+            continue
+        samples.append(index)
+        if not head.partition("{")[0].endswith(CREATED_SUFFIX):
+            read.append(index)
+    tokens = parts[1::2]
+    comment_tokens = _picked(comments)(tokens)
+    return PageShape(
+        fmt, skeleton, comment_tokens, _picked(comments), _picked(samples), _picked(read)
+    )
+
+
+def _picked(indices: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
+    """The items at `indices`, picked in one C call (`operator.itemgetter`)."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        only = indices[0]
+        return lambda items: (items[only],)
+    return lambda _items: ()
 
 
 def shaped_values(
     text: str, shape: PageShape, *, openmetrics: bool | None = None
 ) -> list[float] | None:
     """The values `parse_exposition` reads from `text` (finite or NaN, without timestamps), in
-    page order, if `text` has `shape`; else None. The same steps as the fast path, less those
-    that a page of this shape already passed: its keys and `#` lines are the shape's."""
+    page order, if `text` has `shape`; else None.
+
+    Such a page is the shape's page with other last tokens on its sample lines, none holding a
+    `}` (which would move where the parser cuts a line's series key); so it has the same `#`
+    lines and series keys, and the values the parser reads are those tokens read by `_values`,
+    the fast path's own reading (a space before a value changes nothing there)."""
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
     if fmt is not shape.format or _undecoded(text):
         return None
-    cut = _cut_page(text, fmt)
-    if cut is None:
+    parts = _LAST_TOKEN_RE.split(text)
+    if parts[0::2] != shape.skeleton:
         return None
-    comments, keys, rests = cut
-    if keys != shape.keys or comments != shape.comments:
+    tokens = parts[1::2]
+    if shape.comments(tokens) != shape.comment_tokens or "}" in "".join(shape.samples(tokens)):
         return None
-    columns = _values(
-        list(itertools.compress(rests, shape.read)),
-        openmetrics=fmt is ExpositionFormat.OPENMETRICS,
-    )
+    columns = _values(list(shape.read(tokens)), openmetrics=fmt is ExpositionFormat.OPENMETRICS)
     if columns is None:
         return None
     values, timestamps = columns

@@ -19,7 +19,6 @@ the full way, and the golden replays and differential tests hold both ways to on
 from __future__ import annotations
 
 import array
-import itertools
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -189,13 +188,17 @@ def steady_rows(matches: Sequence[SteadyMatch]) -> pl.DataFrame:
     """The rows the matched pages store: ROW_COLUMNS, `page` (the match's index) and `value`,
     each from its page's values and, where its entry changes values, through the catalogue's
     own expression (`entry_value`)."""
-    pages = (itertools.repeat(m.index, m.page.rows.height) for m in matches)
-    values = (m.page.values(m.values) for m in matches)
-    frame = pl.concat([m.page.rows for m in matches], how="diagonal_relaxed").with_columns(
-        page=pl.Series(itertools.chain.from_iterable(pages), dtype=pl.UInt32),
-        value=pl.Series(itertools.chain.from_iterable(values), dtype=pl.Float64),
+    pages = [m.index for m in matches for _ in range(m.page.rows.height)]
+    values = [v for m in matches for v in m.page.values(m.values)]
+    rows = [m.page.rows for m in matches]
+    # Pages whose rows carry the catalogue's value columns are concatenated by name.
+    rescaled = any(m.page.rescales for m in matches)
+    frame = pl.concat(
+        rows, how="diagonal_relaxed" if rescaled else "vertical", rechunk=False
+    ).with_columns(
+        page=pl.Series(pages, dtype=pl.UInt32), value=pl.Series(values, dtype=pl.Float64)
     )
-    if any(m.page.rescales for m in matches):
+    if rescaled:
         frame = frame.with_columns(
             value=pl.when(pl.col(_RESCALES).fill_null(value=False))
             .then(entry_value(pl.col("value")))
