@@ -60,6 +60,7 @@ import httpx
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
 from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome, default_client
 from servewatch.collectors.scrape.scraper import scrape_targets
 from servewatch.collectors.scrape.targets import Target, TargetKind
@@ -333,7 +334,7 @@ def service_window(targets: list[Target], store: Store, peer: Peer, *, seconds: 
 
 def rounds_window(targets: list[Target], store: Store, peer: Peer, *, seconds: float) -> Window:
     """`servewatch scrape`'s path: every target fetched at once, one `ingest_pages` a round."""
-    return asyncio.run(_rounds(targets, store, peer, seconds=seconds))
+    return event_loop.run(_rounds(targets, store, peer, seconds=seconds))
 
 
 async def _rounds(targets: list[Target], store: Store, peer: Peer, *, seconds: float) -> Window:

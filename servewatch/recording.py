@@ -12,7 +12,6 @@ SIGTERM) finishes the round in progress and writes the manifest, so the folder s
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -25,6 +24,7 @@ import httpx
 import polars as pl
 
 from servewatch.collectors.fixture.recording import FixtureRecording
+from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.scraper import ScrapeResult, scrape_targets
 from servewatch.collectors.scrape.targets import Target
 from servewatch.collectors.store_writer import TraceCommit
@@ -155,7 +155,7 @@ def record(
             # The first round runs whatever happens, so even an instant stop leaves one.
             if k > 0 and (stop.wait(delay_s) if delay_s > 0 else stop.is_set()):
                 break
-            for result in asyncio.run(_fetch(targets, config.scrape)):
+            for result in event_loop.run(_fetch(targets, config.scrape)):
                 recording.write_page(
                     result.target, at_ms, result.body, openmetrics=result.openmetrics
                 )

@@ -19,6 +19,7 @@ from typing import Any
 
 from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.loop import (
     ScheduledTarget,
     ScrapeLoop,
@@ -281,7 +282,7 @@ def scrape_round(
     targets: Sequence[Target], *, store: Store, settings: ScrapeSettings, now: Clock = utc_now
 ) -> MetricIngestReport:
     """One scrape of each of `targets` (already this shard's) into the store."""
-    results = asyncio.run(fetch_results(targets, settings, now=now))
+    results = event_loop.run(fetch_results(targets, settings, now=now))
     return ingest_pages(
         [page_of(r) for r in results],
         store=store,

@@ -1,5 +1,5 @@
 """The scrape client against real local servers: kept-alive connections, the body framings and
-encodings a server may use, and each failure named as a scrape error."""
+encodings a server may use, and each failure named as a scrape error; on both event loops."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.loop import default_client
 from servewatch.collectors.scrape.page_client import PageClient
 from servewatch.collectors.scrape.scraper import ScrapeClient, ScrapeResult, scrape_target
@@ -20,6 +21,13 @@ from servewatch.collectors.scrape.targets import Target, TargetKind
 PAGE = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3\n'
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture(autouse=True, params=event_loop.LOOPS)
+def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on uvloop's event loop and on asyncio's: the scrape loop runs on either."""
+    monkeypatch.setenv(event_loop.CHOICE, request.param)
+    return str(request.param)
 
 
 def target(port: int, path: str = "/metrics", userinfo: str = "") -> Target:
@@ -68,7 +76,7 @@ def scrape_all(
             await server.wait_closed()
         return results
 
-    return asyncio.run(main())
+    return event_loop.run(main())
 
 
 def test_one_connection_serves_every_scrape_while_the_server_keeps_it() -> None:
@@ -242,7 +250,7 @@ def test_a_refused_connection_is_a_connect_error() -> None:
         async with PageClient() as client:
             return await scrape_target(target(port), client=client, timeout_s=1)
 
-    error = asyncio.run(main()).error
+    error = event_loop.run(main()).error
     assert error is not None
     assert error.startswith("ConnectError: ")
 
@@ -276,7 +284,7 @@ def test_a_url_the_environment_proxies_goes_through_the_proxy(
             server.close()
             await server.wait_closed()
 
-    result = asyncio.run(main())
+    result = event_loop.run(main())
     assert result.error is None
     assert result.body == PAGE.decode()
     assert seen == ["GET http://replica.invalid:8000/metrics HTTP/1.1"]

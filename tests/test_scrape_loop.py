@@ -152,7 +152,8 @@ def test_targets_keep_their_slots_while_dead_and_hung_ones_are_skipped_not_stack
     assert all("ConnectError" in (o.result.error or "") for o in recorder.outcomes[dead.target_id])
     hung_outcomes = recorder.outcomes[hung.target_id]
     assert all(o.result.error == "timed out after 0.6 s" for o in hung_outcomes)
-    assert all(o.result.duration_s >= 0.6 for o in hung_outcomes)
+    # uvloop's timers count whole milliseconds: a timeout may end up to one early.
+    assert all(o.result.duration_s >= 0.6 - 0.002 for o in hung_outcomes)
     # Every hung scrape ran into its next slot, which was skipped and counted.
     assert recorder.skips[hung.target_id] >= len(hung_outcomes) - 1 >= 1
 

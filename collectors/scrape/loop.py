@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from servewatch.collectors.scrape.event_loop import new_event_loop
 from servewatch.collectors.scrape.page_client import PageClient, environment_proxy
 from servewatch.collectors.scrape.schedule import (
     TargetSchedule,
@@ -33,6 +34,7 @@ from servewatch.collectors.scrape.scraper import ScrapeClient, ScrapeResult, scr
 from servewatch.collectors.scrape.targets import Target
 
 log = logging.getLogger("servewatch.scrape")
+MIN_SLEEP_S = 0.001
 
 EpochClock = Callable[[], float]
 
@@ -134,7 +136,7 @@ class ScrapeLoop:
         return asyncio.run_coroutine_threadsafe(coroutine(), self._loop)
 
     def _main(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         loop.call_soon(ready.set)
@@ -161,8 +163,10 @@ class ScrapeLoop:
     async def _sleep_until(self, at_s: float) -> None:
         # The event loop sleeps on the monotonic clock while slots are on the wall clock; sleep
         # again if it woke before the slot by the wall clock.
+        # uvloop's timers count whole milliseconds and may wake one early; the rest, under a
+        # millisecond, is slept as one (a shorter sleep returns at once and would spin).
         while (delay := at_s - self._now()) > 0:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(max(delay, MIN_SLEEP_S))
 
     def _scraped(self, outcome: ScrapeOutcome) -> None:
         try:
