@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import cached_property
 
 import duckdb
 import polars as pl
@@ -17,17 +18,19 @@ from servewatch.pipeline.tables import (
 )
 from servewatch.store.compaction import PointCompaction
 from servewatch.store.errors import StoreError
+from servewatch.store.keyed_points import (
+    KeyedPoints,
+    SeriesIds,
+    keyed_frame,
+    keyed_of,
+    new_issuer,
+)
 from servewatch.store.point_layout import POINT_BLOCK, POINT_BLOCK_TRUNCATE
 from servewatch.store.sql import check_schema, column_list
+from servewatch.store.target_writes import TargetWrites
 from servewatch.store.written_keys import SERIES_IDS_SCHEMA, WrittenKeys, max_id, scrape_keys
 
 _SERIES_KEY = ["target_id", "metric", "labels"]
-# Target rows as `_write_targets` compares them: the attributes, then the two seen times.
-_SEEN = ("first_seen_ts", "last_seen_ts")
-_TARGET_ROW_SCHEMA = pl.Schema(
-    [(name, dtype) for name, dtype in TARGETS_SCHEMA.items() if name not in _SEEN]
-    + [(name, TARGETS_SCHEMA[name]) for name in _SEEN]
-)
 
 
 # The stored form of points in `points_head`; reads give `POINTS_SCHEMA` (microsecond
@@ -66,35 +69,26 @@ def _blocks_of(ts: pl.Series) -> set[datetime]:
     return set(ends.unique().to_list())
 
 
-def _merged(
-    stored: object, incoming: object, pick: Callable[[datetime, datetime], datetime]
-) -> object:
-    """A seen time merged as the targets upsert does (least / greatest, ignoring nulls)."""
-    if isinstance(stored, datetime) and isinstance(incoming, datetime):
-        return pick(stored, incoming)
-    return incoming if stored is None else stored
-
-
-# How far (in scrape time) targets' seen times may lag in the table while steady batches only
-# move them: they are held in memory meanwhile (`_settle` writes them before any read of the
-# targets, and at close), which spares most batches an UPDATE of ~1-2 ms. A crash loses at
-# most this much of their movement; scrapes and points are written with every batch.
-SEEN_HELD_BACK = timedelta(seconds=60)
-
 # Rows of a DuckDB row group (its default, `row_group_size`).
 ROW_GROUP_ROWS = 122_880
 _SCRAPE_KEY = ["target_id", "scrape_ts"]
 
 
 def write_chunks(
-    scrapes: pl.DataFrame, samples: pl.DataFrame, *, rows: int = ROW_GROUP_ROWS // 2
+    scrapes: pl.DataFrame,
+    samples: pl.DataFrame,
+    *,
+    rows: int = ROW_GROUP_ROWS // 2,
+    extra: Mapping[tuple[str, datetime], int] | None = None,
 ) -> list[tuple[pl.DataFrame, pl.DataFrame]]:
     """`scrapes` and their `samples` cut into consecutive chunks of whole scrapes of at most
     `rows` samples each (a scrape of more is a chunk of its own); one chunk when it fits.
+    `extra` counts a scrape's points that are not among `samples` (`KeyedPoints`).
     Half a row group by default: an append also fills the row group the last one left open,
     and a day's replay left the fewest free blocks so (38-39 of ~335; a quarter: 38, 20 %
     slower; a whole row group: 49)."""
-    if samples.height <= rows:
+    extra = extra or {}
+    if samples.height + sum(extra.values()) <= rows:
         return [(scrapes, samples)]
     per_scrape = (
         scrapes.select("target_id", scrape_ts="ts")
@@ -106,7 +100,13 @@ def write_chunks(
     chunk = 0
     filled = 0
     chunks: list[int] = []
-    for count in per_scrape.get_column("len").to_list():
+    counts = per_scrape.get_column("len").to_list()
+    if extra:
+        keys = zip(
+            per_scrape.get_column("target_id"), per_scrape.get_column("scrape_ts"), strict=True
+        )
+        counts = [count + extra.get(key, 0) for count, key in zip(counts, keys, strict=True)]
+    for count in counts:
         if filled and filled + count > rows:
             chunk, filled = chunk + 1, 0
         chunks.append(chunk)
@@ -127,115 +127,26 @@ def write_chunks(
     ]
 
 
-class PointWrites(PointCompaction):
-    """Writes targets, scrapes and their samples; knows which keys are stored (`WrittenKeys`)."""
+class PointWrites(PointCompaction, TargetWrites):
+    """Writes scrapes and their samples (and their targets, `TargetWrites`); knows which keys
+    are stored (`WrittenKeys`)."""
 
-    def write_targets(self, frame: pl.DataFrame) -> None:
-        """Insert or update targets; first_seen_ts keeps the earliest, last_seen_ts the latest.
+    @cached_property
+    def issuer(self) -> int:
+        """This store object's number among those of the process: its `SeriesIds` carry it."""
+        return new_issuer()
 
-        A scrape round re-sends every target it scraped; targets whose row would not change
-        are not written again, and targets known with the same attributes only get their
-        seen times moved (an UPDATE, cheaper in DuckDB than an upsert)."""
-        check_schema("targets", frame, TARGETS_SCHEMA)
-        self._write_targets(frame, defer=False)
-        self._unwritten_seen.clear()
-
-    def _write_targets(
-        self, frame: pl.DataFrame, *, defer: bool
-    ) -> list[tuple[object, ...]] | None:
-        """Write `frame`'s targets in the open transaction. With `defer`, seen times that
-        only moved are not written but returned, for `_seen_committed` once the batch is;
-        else (or when a target is new or changed) they are written with every seen time held
-        back so far, and None is returned."""
-        stored = self._stored_targets()
-        moved: list[tuple[object, ...]] = []
-        upserted: list[tuple[object, ...]] = []
-        for row in frame.select(_TARGET_ROW_SCHEMA.names()).iter_rows():
-            known = stored.get(row[0])
-            if known is None or known[:-2] != row[:-2]:
-                upserted.append(row)
-                continue
-            first = _merged(known[-2], row[-2], min)
-            last = _merged(known[-1], row[-1], max)
-            if (first, last) != known[-2:]:
-                moved.append((*known[:-2], first, last))
-        if defer and not upserted:
-            stored.update((str(row[0]), row) for row in moved)
-            return moved
-        # Held-back seen times first: an upsert below then keeps the later of its own and them.
-        self._write_seen([*self._unwritten_seen.values(), *moved])
-        if upserted:
-            self._con.register(
-                "incoming_targets",
-                pl.DataFrame(upserted, _TARGET_ROW_SCHEMA, orient="row").to_arrow(),
-            )
-            try:
-                self._con.execute(
-                    f"""
-                    INSERT INTO targets ({column_list(_TARGET_ROW_SCHEMA)})
-                    SELECT {column_list(_TARGET_ROW_SCHEMA)} FROM incoming_targets
-                    ON CONFLICT (target_id) DO UPDATE SET
-                        kind = excluded.kind, url = excluded.url, replica = excluded.replica,
-                        host = excluded.host, zone = excluded.zone, model = excluded.model,
-                        pool = excluded.pool, gpus = excluded.gpus,
-                        gpu_uuids = excluded.gpu_uuids,
-                        first_seen_ts = least(targets.first_seen_ts, excluded.first_seen_ts),
-                        last_seen_ts = greatest(targets.last_seen_ts, excluded.last_seen_ts)
-                    """
-                )
-            finally:
-                self._con.unregister("incoming_targets")
-            self._written.targets = None  # the upsert merged rows in SQL: read them when needed
-        else:
-            stored.update((str(row[0]), row) for row in moved)
-        return None
-
-    def _write_seen(self, rows: Sequence[tuple[object, ...]]) -> None:
-        """Set targets' seen times to those of `rows` (target rows as `_TARGET_ROW_SCHEMA`)."""
-        if not rows:
-            return
-        # The few rows go as list parameters: cheaper than scanning an Arrow table.
-        self._con.execute(
-            "UPDATE targets SET first_seen_ts = m.first_seen_ts, "
-            "last_seen_ts = m.last_seen_ts FROM (SELECT unnest(?) AS target_id, "
-            "unnest(?) AS first_seen_ts, unnest(?) AS last_seen_ts) m "
-            "WHERE targets.target_id = m.target_id",
-            [[row[0] for row in rows], [row[-2] for row in rows], [row[-1] for row in rows]],
+    def series_ids(self, target_id: str, keys: pl.DataFrame) -> SeriesIds | None:
+        """The series ids of `target_id`'s (metric, labels) `keys`, in their order, for
+        `KeyedPoints` to this store; None unless every key is a stored series."""
+        known = self._known_series([target_id]).select("metric", "labels", "series_id")
+        ids = keys.select("metric", "labels").join(
+            known, on=["metric", "labels"], how="left", maintain_order="left"
         )
-
-    def _seen_due(self, latest: datetime) -> bool:
-        """Whether held-back seen times are to be written with a batch whose latest scrape is
-        at `latest`: when none were written yet, or the last write is SEEN_HELD_BACK behind."""
-        written = self._seen_written_ts
-        return written is None or latest - written >= SEEN_HELD_BACK or latest < written
-
-    def _seen_committed(self, deferred: list[tuple[object, ...]] | None, latest: datetime) -> None:
-        """After a batch's commit: its held-back seen times join the others, or, if the batch
-        wrote them (`deferred` None), none is held back any more."""
-        if deferred is not None:
-            for row in deferred:
-                held = self._unwritten_seen.get(str(row[0]))
-                if held is not None:  # the earliest and latest of both, as the UPDATE would
-                    first = _merged(held[-2], row[-2], min)
-                    row = (*row[:-2], first, _merged(held[-1], row[-1], max))  # noqa: PLW2901
-                self._unwritten_seen[str(row[0])] = row
-        else:
-            self._unwritten_seen.clear()
-            self._seen_written_ts = latest
-
-    def _settle(self) -> None:
-        """Write the seen times held back, before anything reads targets."""
-        if self._unwritten_seen:
-            self._write_seen(list(self._unwritten_seen.values()))
-            self._unwritten_seen.clear()
-
-    def _stored_targets(self) -> dict[str, tuple[object, ...]]:
-        if self._written.targets is None:
-            rows = self._con.execute(
-                f"SELECT {column_list(_TARGET_ROW_SCHEMA)} FROM targets"
-            ).fetchall()
-            self._written.targets = {row[0]: tuple(row) for row in rows}
-        return self._written.targets
+        column = ids.get_column("series_id")
+        if column.null_count() or ids.height != keys.height:
+            return None
+        return SeriesIds(self.issuer, target_id, tuple(column.to_list()))
 
     def write_scrapes(
         self,
@@ -243,6 +154,7 @@ class PointWrites(PointCompaction):
         samples: pl.DataFrame,
         *,
         targets: pl.DataFrame | None = None,
+        keyed: Sequence[KeyedPoints] = (),
     ) -> tuple[int, int]:
         """Record scrapes and their samples; a scrape already stored (same target and time) is
         skipped with its samples, so replaying a recording twice changes nothing. `targets`,
@@ -265,6 +177,9 @@ class PointWrites(PointCompaction):
         transaction has DuckDB write its row groups ahead of the commit, and the checkpoint
         that follows rewrites them and leaves the first copy's blocks free in the file (a
         day's replay in 600-page batches grew its file by a third so).
+
+        `keyed` gives scrapes' points by series id instead of as samples: what a caller that
+        had the ids from `series_ids` writes without a join (the steady pages of an ingest).
         """
         check_schema("scrapes", scrapes, SCRAPES_SCHEMA)
         check_schema("samples", samples, SAMPLES_SCHEMA)
@@ -275,42 +190,45 @@ class PointWrites(PointCompaction):
             self._write_targets(targets, defer=False)
             self._unwritten_seen.clear()
             return (0, 0)
+        for points in keyed:
+            if points.series.issuer != self.issuer:
+                raise ValueError(
+                    f"keyed points of {points.series.target_id} carry series ids of another "
+                    "store; take them from this store's series_ids"
+                )
+        by_scrape = {(p.series.target_id, p.scrape_ts): p for p in keyed}
+        extra = {key: len(p.values) for key, p in by_scrape.items()}
         new_scrapes = new_points = 0
-        for index, (some_scrapes, some_samples) in enumerate(write_chunks(scrapes, samples)):
+        chunks = write_chunks(scrapes, samples, extra=extra)
+        for index, (some_scrapes, some_samples) in enumerate(chunks):
+            own = by_scrape if len(chunks) == 1 else keyed_of(some_scrapes, by_scrape)
             written = self._write_scrapes(
-                some_scrapes, some_samples, targets if index == 0 else targets.clear(), retry=True
+                some_scrapes,
+                some_samples,
+                targets if index == 0 else targets.clear(),
+                list(own.values()),
+                retry=True,
             )
             new_scrapes, new_points = new_scrapes + written[0], new_points + written[1]
         return (new_scrapes, new_points)
 
     def _write_scrapes(
-        self, scrapes: pl.DataFrame, samples: pl.DataFrame, targets: pl.DataFrame, *, retry: bool
+        self,
+        scrapes: pl.DataFrame,
+        samples: pl.DataFrame,
+        targets: pl.DataFrame,
+        keyed: list[KeyedPoints],
+        *,
+        retry: bool,
     ) -> tuple[int, int]:
         new_scrapes = self._new_scrapes(scrapes)
-        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
-        keyed = samples.lazy().join(
-            new_scrapes.lazy().select("target_id", scrape_ts="ts"),
-            on=["target_id", "scrape_ts"],
-            how="semi",
-        )
-        keyed = keyed.join(known.lazy(), on=_SERIES_KEY, how="left")
-        # A steady batch knows every series: its points are one query; only a batch with new
-        # series collects the keyed samples to number them, then points again.
-        points = _points(keyed).collect()
-        new_series = pl.DataFrame(schema=SERIES_SCHEMA)
-        if points.get_column("series_id").null_count():
-            known_keyed = keyed.collect()
-            new_series = self._new_series(known_keyed)
-            points = _points(
-                pl.concat(
-                    [
-                        known_keyed.filter(pl.col("series_id").is_not_null()),
-                        known_keyed.filter(pl.col("series_id").is_null())
-                        .drop("series_id")
-                        .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
-                    ]
-                ).lazy()
-            ).collect()
+        points, new_series = self._sample_points(new_scrapes, samples)
+        if keyed:
+            given, ordered = keyed_frame(keyed, new=set(scrape_keys(new_scrapes)))
+            if points.height or not ordered:
+                points = pl.concat([points, given]).sort("series_id", "ts")
+            else:
+                points = given
         if self._may_repeat_points(new_scrapes, samples):
             points = self._unstored_points(points)
         blocks = _blocks_of(points.get_column("ts")) - self._open_blocks()
@@ -329,7 +247,7 @@ class PointWrites(PointCompaction):
             self._written = WrittenKeys()  # some of it may have been learnt in the transaction
             if retry and isinstance(exc, duckdb.ConstraintException):
                 # Keys written by another connection: what was known is read again.
-                return self._write_scrapes(scrapes, samples, targets, retry=False)
+                return self._write_scrapes(scrapes, samples, targets, keyed, retry=False)
             raise StoreError(
                 f"writing {scrapes.height} scrapes to {self.path} failed: {exc}"
             ) from exc
@@ -342,6 +260,39 @@ class PointWrites(PointCompaction):
             if any(block + POINT_BLOCK <= before for block in self._open_blocks()):
                 self.compact_points(before=before)
         return (new_scrapes.height, points.height)
+
+    def _sample_points(
+        self, new_scrapes: pl.DataFrame, samples: pl.DataFrame
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The points of the samples of `new_scrapes`, as `points_head` stores them, and the
+        series rows of keys not stored yet."""
+        new_series = pl.DataFrame(schema=SERIES_SCHEMA)
+        if samples.height == 0:
+            return pl.DataFrame(schema=_POINTS_HEAD_SCHEMA), new_series
+        known = self._known_series(sorted(set(new_scrapes.get_column("target_id"))))
+        keyed = samples.lazy().join(
+            new_scrapes.lazy().select("target_id", scrape_ts="ts"),
+            on=["target_id", "scrape_ts"],
+            how="semi",
+        )
+        keyed = keyed.join(known.lazy(), on=_SERIES_KEY, how="left")
+        # A steady batch knows every series: its points are one query; only a batch with new
+        # series collects the keyed samples to number them, then points again.
+        points = _points(keyed).collect()
+        if points.get_column("series_id").null_count():
+            known_keyed = keyed.collect()
+            new_series = self._new_series(known_keyed)
+            points = _points(
+                pl.concat(
+                    [
+                        known_keyed.filter(pl.col("series_id").is_not_null()),
+                        known_keyed.filter(pl.col("series_id").is_null())
+                        .drop("series_id")
+                        .join(new_series.select(*_SERIES_KEY, "series_id"), on=_SERIES_KEY),
+                    ]
+                ).lazy()
+            ).collect()
+        return points, new_series
 
     def _new_scrapes(self, scrapes: pl.DataFrame) -> pl.DataFrame:
         """The scrapes of the batch not stored yet, each (target, time) once. A scrape later
@@ -378,6 +329,8 @@ class PointWrites(PointCompaction):
             target in latest and ts <= latest[target] for target, ts in scrape_keys(new_scrapes)
         ):
             return True
+        if samples.height == 0:
+            return False
         return bool((samples.get_column("ts") != samples.get_column("scrape_ts")).any())
 
     def _unstored_points(self, points: pl.DataFrame) -> pl.DataFrame:

@@ -25,8 +25,9 @@ from servewatch.pipeline.tables import (
     UNKNOWN_FAMILIES_SCHEMA,
 )
 from servewatch.store import SchemaTooNewError, Store, StoreError
+from servewatch.store.keyed_points import KeyedPoints
 from servewatch.store.migrations import LATEST_VERSION, MIGRATIONS
-from servewatch.store.points import SEEN_HELD_BACK
+from servewatch.store.target_writes import SEEN_HELD_BACK
 
 RAW_TABLES = ("targets", "scrapes", "series", "points", "requests", "ingest_errors")
 
@@ -327,3 +328,27 @@ def test_seen_times_held_back_are_exact_to_every_reader(tmp_path: Path) -> None:
         store.write_scrapes(*scrape_batch([at + timedelta(seconds=15)]), targets=target(at, "z"))
         # A changed target writes what was held back with it, and the upsert keeps the later.
         assert in_table(path) == (t0, at)
+
+
+def test_keyed_points_store_what_their_samples_would() -> None:
+    t0, t1, t2 = (datetime(2026, 11, 18, 10, 0, s) for s in (0, 15, 30))
+    with Store.open(":memory:") as by_id, Store.open(":memory:") as by_sample:
+        for store in (by_id, by_sample):
+            store.write_scrapes(*scrape_batch([t0]))
+        scrapes, samples = scrape_batch([t1, t2])
+        keys = samples.filter(pl.col("ts") == t1).select("metric", "labels")
+        ids = by_id.series_ids("t1", keys)
+        assert ids is not None
+        assert by_id.series_ids("t1", pl.DataFrame({"metric": ["x"], "labels": ["{}"]})) is None
+        keyed = [
+            KeyedPoints(ids, ts, samples.filter(pl.col("ts") == ts).get_column("value").to_list())
+            for ts in (t1, t2)
+        ]
+        empty = samples.clear()
+        assert by_id.write_scrapes(scrapes, empty, keyed=keyed) == (2, 4)
+        assert by_id.write_scrapes(scrapes, empty, keyed=keyed) == (0, 0)  # stored once
+        assert by_sample.write_scrapes(scrapes, samples) == (2, 4)
+        for read in (Store.read_scrapes, Store.read_series, Store.read_points):
+            assert read(by_id).collect().equals(read(by_sample).collect())
+        with pytest.raises(ValueError, match="series ids of another store"):
+            by_sample.write_scrapes(scrapes, empty, keyed=keyed)

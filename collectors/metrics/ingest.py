@@ -41,6 +41,7 @@ from servewatch.collectors.scrape.targets import Target, TargetKind, targets_fra
 from servewatch.collectors.traces.ingest import Reject, rejects_frame
 from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
+from servewatch.store.keyed_points import KeyedPoints
 
 MAX_ERRORS_IN_SCRAPE_ROW = 3
 NO_DROP = DropRules()
@@ -119,6 +120,11 @@ class _Prepared:
     samples: pl.DataFrame
     unknown: pl.DataFrame
     targets: pl.DataFrame
+    keyed: list[KeyedPoints]  # steady pages' points, by the series ids this store gave
+
+    @property
+    def stored_samples(self) -> int:
+        return self.samples.height + sum(len(points.values) for points in self.keyed)
 
 
 def ingest_pages(
@@ -141,16 +147,19 @@ def ingest_pages(
     report = MetricIngestReport(pages=len(pages))
     unread: list[Reject] = []  # pages that could not be read, as their failed scrapes
     try:
-        prepared = _prepare(pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop)
+        prepared = _prepare(
+            pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop, issuer=store.issuer
+        )
     except Exception:  # noqa: BLE001 (isolated below, page by page)
         report = MetricIngestReport(pages=len(pages))
         prepared, unread = _prepare_each(
             pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop
         )
     report.new_scrapes, report.new_points = store.write_scrapes(
-        prepared.scrapes, prepared.samples, targets=prepared.targets
+        prepared.scrapes, prepared.samples, targets=prepared.targets, keyed=prepared.keyed
     )
-    report.stored_samples = prepared.samples.height
+    report.stored_samples = prepared.stored_samples
+    _learn_series_ids(pages, store, keep_uncatalogued=keep_uncatalogued, drop=drop)
     unknown = prepared.unknown
     report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
     if report.new_scrapes:
@@ -171,7 +180,9 @@ def _prepare_each(
     for page in pages:
         own = MetricIngestReport()
         try:
-            parts.append(_prepare([page], own, keep_uncatalogued=keep_uncatalogued, drop=drop))
+            parts.append(
+                _prepare([page], own, keep_uncatalogued=keep_uncatalogued, drop=drop, issuer=0)
+            )
         except Exception as exc:  # noqa: BLE001 (the page's failure, recorded as its scrape's)
             own = MetricIngestReport()
             failed = Page(
@@ -181,7 +192,9 @@ def _prepare_each(
                 page.duration_s,
                 error=f"the page could not be read: {type(exc).__name__}: {exc}",
             )
-            parts.append(_prepare([failed], own, keep_uncatalogued=keep_uncatalogued, drop=drop))
+            parts.append(
+                _prepare([failed], own, keep_uncatalogued=keep_uncatalogued, drop=drop, issuer=0)
+            )
             unread += own.failed_scrapes
         report.line_errors += own.line_errors
         report.failed_scrapes += own.failed_scrapes
@@ -192,16 +205,23 @@ def _prepare_each(
         samples=pl.concat([p.samples for p in parts]),
         unknown=pl.concat([p.unknown for p in parts]),
         targets=pl.concat([p.targets for p in parts]),
+        keyed=[],
     )
     return prepared, unread
 
 
 def _prepare(
-    pages: Sequence[Page], report: MetricIngestReport, *, keep_uncatalogued: bool, drop: DropRules
+    pages: Sequence[Page],
+    report: MetricIngestReport,
+    *,
+    keep_uncatalogued: bool,
+    drop: DropRules,
+    issuer: int,
 ) -> _Prepared:
     """Parse and catalogue `pages` into the rows the store takes; line errors and failed
     scrapes are added to `report`. Steady pages (`steady_pages`) are placed from their
-    target's memory; the others go the full way, and teach the memory."""
+    target's memory, by series id where it holds those of the store numbered `issuer`; the
+    others go the full way, and teach the memory."""
     memory = steady_memory((keep_uncatalogued, drop))
     steady = memory.recognise(
         [
@@ -220,26 +240,36 @@ def _prepare(
     kinds = dict(full.kinds)
     counts = dict(full.counts)
     stored, unknown = full.stored, full.unknown
+    keyed: list[KeyedPoints] = []
     if steady:
         kinds.update((m.index, m.page.told) for m in steady)
         counts.update((m.index, m.page.rows.height) for m in steady)
         report.dropped_samples += sum(m.page.dropped for m in steady)
         report.steady_pages += len(steady)
-        rows = steady_rows(steady)
-        paged = _paged(pages)
-        stored = pl.concat(
-            [
-                stored,
-                rows.select(*ROW_COLUMNS, "value", **paged, ts=paged["scrape_ts"])
-                .select(SAMPLES_SCHEMA.names())
-                .cast(SAMPLES_SCHEMA),
-            ]
-        )
         unknown = steady_unknown(
             steady,
             [(pages[m.index].target.target_id, pages[m.index].scrape_ts) for m in steady],
             unknown,
         )
+        by_rows = []
+        for match in steady:
+            by_id = match.page.keyed(issuer)
+            if by_id is None:
+                by_rows.append(match)
+            else:
+                ids, values = by_id
+                keyed.append(KeyedPoints(ids, pages[match.index].scrape_ts, values(match.values)))
+        if by_rows:
+            rows = steady_rows(by_rows)
+            paged = _paged(pages)
+            stored = pl.concat(
+                [
+                    stored,
+                    rows.select(*ROW_COLUMNS, "value", **paged, ts=paged["scrape_ts"])
+                    .select(SAMPLES_SCHEMA.names())
+                    .cast(SAMPLES_SCHEMA),
+                ]
+            )
     stored_counts: dict[tuple[str, datetime], int] = {}
     for index, page in enumerate(pages):
         key = (page.target.target_id, page.scrape_ts)
@@ -252,7 +282,19 @@ def _prepare(
         schema=SCRAPES_SCHEMA,
         orient="row",
     )
-    return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds))
+    return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds), keyed)
+
+
+def _learn_series_ids(
+    pages: Sequence[Page], store: Store, *, keep_uncatalogued: bool, drop: DropRules
+) -> None:
+    """Remember the series ids `store` gave the rows of the batch's remembered pages, so the
+    next page of each is written by id."""
+    memory = steady_memory((keep_uncatalogued, drop))
+    for target_id, page in memory.unkeyed([p.target.target_id for p in pages], store.issuer):
+        ids = store.series_ids(target_id, page.rows)
+        if ids is not None:
+            page.remember_ids(ids)
 
 
 def _paged(pages: Sequence[Page]) -> dict[str, pl.Expr]:

@@ -22,7 +22,7 @@ import array
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import polars as pl
@@ -35,10 +35,12 @@ from servewatch.collectors.metrics.exposition import (
     shaped_values,
 )
 from servewatch.collectors.metrics.page_kind import PageKind
+from servewatch.store.keyed_points import SeriesIds
 
 # Remembered pages per thread and options: about one page's keys each (tens of KB), so a
 # fleet of thousands of targets stays within tens of MB.
 MAX_TARGETS = 20_000
+MAX_STORES = 4  # stores a remembered page keeps series ids for
 # The stored columns a steady page's rows repeat, and the catalogue's value columns of the rows
 # whose entry rescales, blanks or clamps their values.
 ROW_COLUMNS = ("metric", "labels", "signal", "source")
@@ -52,6 +54,9 @@ _VALUE_COLUMNS = (
 _RESCALES = "_rescales"
 
 
+Picker = Callable[[list[float]], Sequence[float]]
+
+
 @dataclass(frozen=True)
 class SteadyPage:
     """What a clean page of a target became, for the next page of the same shape."""
@@ -60,10 +65,26 @@ class SteadyPage:
     shape: PageShape
     told: PageKind
     rows: pl.DataFrame  # ROW_COLUMNS (and the value columns where `rescales`)
-    values: Callable[[list[float]], Sequence[float]]  # the rows' values from the page's values
+    values: Picker  # the rows' values from the page's values
     rescales: bool
     unknown: tuple[tuple[str, int], ...]  # uncatalogued samples by family
     dropped: int
+    positions: tuple[int, ...] = ()  # each row's value: its index among the page's values
+    # The rows' series ids in the stores that hold them (by `Store.issuer`), in ascending
+    # order, with the values' picker in that order: a page whose values need no catalogue
+    # expression is then written by id (`KeyedPoints`), in the order points are stored.
+    series: dict[int, tuple[SeriesIds, Picker]] = field(default_factory=dict)
+
+    def keyed(self, issuer: int) -> tuple[SeriesIds, Picker] | None:
+        return None if self.rescales else self.series.get(issuer)
+
+    def remember_ids(self, ids: SeriesIds) -> None:
+        """Keep `ids` (the rows' series ids in one store, in row order) in ascending order."""
+        if len(self.series) >= MAX_STORES:
+            self.series.clear()
+        order = sorted(range(len(ids.ids)), key=ids.ids.__getitem__)
+        ascending = SeriesIds(ids.issuer, ids.target_id, tuple(ids.ids[i] for i in order))
+        self.series[ids.issuer] = (ascending, _picker([self.positions[i] for i in order]))
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,16 @@ class SteadyPages:
             values = shaped_values(body, remembered.shape, openmetrics=openmetrics)
             if values is not None:
                 found.append(SteadyMatch(index, remembered, values))
+        return found
+
+    def unkeyed(self, target_ids: Sequence[str], issuer: int) -> list[tuple[str, SteadyPage]]:
+        """The remembered pages of `target_ids` without series ids in store `issuer` (whose
+        values need no catalogue expression)."""
+        found = []
+        for target_id in dict.fromkeys(target_ids):
+            page = self._pages.get(target_id)
+            if page is not None and not page.rescales and issuer not in page.series:
+                found.append((target_id, page))
         return found
 
     def learn_pages(
@@ -171,10 +202,12 @@ def learnt_page(
             .drop("exposed")
         )
     picker = _picker(positions)
-    return SteadyPage(clean.kind, shape, clean.told, kept, picker, rescales, unknown, dropped)
+    return SteadyPage(
+        clean.kind, shape, clean.told, kept, picker, rescales, unknown, dropped, tuple(positions)
+    )
 
 
-def _picker(positions: list[int]) -> Callable[[list[float]], Sequence[float]]:
+def _picker(positions: list[int]) -> Picker:
     """The values at `positions`, picked in one C call (`operator.itemgetter`)."""
     if len(positions) > 1:
         return operator.itemgetter(*positions)
