@@ -37,6 +37,11 @@ class SeriesIds:
     def ascending(self) -> bool:
         return all(a < b for a, b in itertools.pairwise(self.ids))
 
+    @cached_property
+    def column(self) -> pl.Series:
+        """The ids as a `series_id` column, made once for every scrape that repeats them."""
+        return pl.Series("series_id", self.ids, dtype=pl.Int32)
+
 
 @dataclass(frozen=True)
 class KeyedPoints:
@@ -76,14 +81,18 @@ def keyed_frame(
         .to_physical()
         .to_list()
     )
+    chain = itertools.chain.from_iterable
+    times = chain(
+        itertools.repeat(ms, len(p.values)) for p, ms in zip(taken, times_ms, strict=True)
+    )
     frame = pl.DataFrame(
-        {
-            "series_id": pl.Series([i for p in taken for i in p.series.ids], dtype=pl.Int32),
-            "ts": pl.Series(
-                [ms for p, ms in zip(taken, times_ms, strict=True) for _ in p.values],
-                dtype=pl.Int64,
-            ).cast(pl.Datetime("ms")),
-            "value": pl.Series([v for p in taken for v in p.values], dtype=pl.Float64),
-        }
+        [
+            pl.concat([p.series.column for p in taken]) if taken else _NO_IDS,
+            pl.Series("ts", list(times), dtype=pl.Int64).cast(pl.Datetime("ms")),
+            pl.Series("value", list(chain(p.values for p in taken)), dtype=pl.Float64),
+        ]
     )
     return frame, ordered
+
+
+_NO_IDS = pl.Series("series_id", [], dtype=pl.Int32)
