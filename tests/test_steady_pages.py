@@ -198,8 +198,20 @@ def test_pages_of_one_target_in_one_batch() -> None:
     later = [Page(target, T0 + timedelta(seconds=s), moved(VLLM, rng)) for s in (15, 30)]
     failed = Page(target, T0 + timedelta(seconds=60), None, error="timed out after 1 s")
     again = Page(target, T0 + timedelta(seconds=75), moved(VLLM, rng))
-    batches = [[Page(target, T0, VLLM)], later, [failed, *later, again], [again]]
-    assert _same_as_without_memory(batches) == 2 + 3 + 1
+    twice = [Page(target, T0 + timedelta(seconds=90), moved(VLLM, rng)) for _ in range(2)]
+    batches = [[Page(target, T0, VLLM)], later, [failed, *later, again], [again], twice]
+    assert _same_as_without_memory(batches) == 2 + 3 + 1 + 1
+
+
+def test_of_two_pages_of_one_scrape_the_first_is_stored(store: Store) -> None:
+    (target,) = _targets(TargetKind.VLLM, "twice", count=1)
+    rng = random.Random(5)
+    first, second = moved(VLLM, rng), moved(VLLM, rng)
+    report = ingest_pages([Page(target, T0, first), Page(target, T0, second)], store=store)
+    with Store.open(":memory:") as alone:
+        assert ingest_pages([Page(target, T0, first)], store=alone).new_points == report.new_points
+        assert store.read_points().collect().equals(alone.read_points().collect())
+        assert store.read_scrapes().collect().equals(alone.read_scrapes().collect())
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -143,8 +143,12 @@ def ingest_pages(
 
     A page is the unit of failure: should reading one page fail in a way the parser did not
     foresee, the batch is read again page by page and that page alone becomes a failed
-    scrape, named in `scrapes` and `ingest_errors`; the other pages are stored as usual."""
+    scrape, named in `scrapes` and `ingest_errors`; the other pages are stored as usual.
+
+    Of several pages of one target at one time, the first is the scrape: the others are
+    skipped, as a scrape already stored is."""
     report = MetricIngestReport(pages=len(pages))
+    pages = _first_of_each_scrape(pages)
     unread: list[Reject] = []  # pages that could not be read, as their failed scrapes
     try:
         prepared = _prepare(
@@ -168,6 +172,13 @@ def ingest_pages(
     if errors:
         store.write_ingest_errors(rejects_frame(errors, recorded_ts=store.now()))
     return report
+
+
+def _first_of_each_scrape(pages: Sequence[Page]) -> Sequence[Page]:
+    first: dict[tuple[str, datetime], Page] = {}
+    for page in pages:
+        first.setdefault((page.target.target_id, page.scrape_ts), page)
+    return pages if len(first) == len(pages) else list(first.values())
 
 
 def _prepare_each(
@@ -224,10 +235,7 @@ def _prepare(
     others go the full way, and teach the memory."""
     memory = steady_memory((keep_uncatalogued, drop))
     steady = memory.recognise(
-        [
-            (p.target.target_id, p.target.kind.value, p.scrape_ts, p.body, p.openmetrics)
-            for p in pages
-        ]
+        [(p.target.target_id, p.target.kind.value, p.body, p.openmetrics) for p in pages]
     )
     full = _read_pages(
         pages,
@@ -270,13 +278,9 @@ def _prepare(
                     .cast(SAMPLES_SCHEMA),
                 ]
             )
-    stored_counts: dict[tuple[str, datetime], int] = {}
-    for index, page in enumerate(pages):
-        key = (page.target.target_id, page.scrape_ts)
-        stored_counts[key] = stored_counts.get(key, 0) + counts.get(index, 0)
     scrapes = pl.DataFrame(
         [
-            _scrape_row(page, full.errors.get(i, ()), kinds.get(i), stored_counts)
+            _scrape_row(page, full.errors.get(i, ()), kinds.get(i), counts.get(i, 0))
             for i, page in enumerate(pages)
         ],
         schema=SCRAPES_SCHEMA,
@@ -483,7 +487,7 @@ def _scrape_row(
     page: Page,
     errors: Sequence[LineError],
     kind: PageKind | None,
-    stored: dict[tuple[str, datetime], int],
+    stored: int,
 ) -> tuple[object, ...]:
     target_id = page.target.target_id
     if page.body is None or kind is None:
@@ -497,7 +501,7 @@ def _scrape_row(
         page.scrape_ts,
         not noted,
         page.duration_s,
-        stored.get((target_id, page.scrape_ts), 0),
+        stored,
         "; ".join(noted) or None,
         None if kind.kind is None else kind.kind.value,
     )

@@ -104,16 +104,11 @@ class SteadyPages:
         self._max_targets = max_targets
 
     def recognise(
-        self, pages: Sequence[tuple[str, str, object, str | None, bool | None]]
+        self, pages: Sequence[tuple[str, str, str | None, bool | None]]
     ) -> list[SteadyMatch]:
-        """The steady ones among (target id, kind, scrape time, body, openmetrics) pages. None
-        when two pages share a target and time: which one a store keeps is the full path's to
-        decide."""
-        keys = [(target_id, ts) for target_id, _, ts, _, _ in pages]
-        if len(set(keys)) < len(keys):
-            return []
+        """The steady ones among (target id, kind, body, openmetrics) pages."""
         found: list[SteadyMatch] = []
-        for index, (target_id, kind, _, body, openmetrics) in enumerate(pages):
+        for index, (target_id, kind, body, openmetrics) in enumerate(pages):
             remembered = self._pages.get(target_id)
             if body is None or remembered is None or remembered.kind != kind:
                 continue
