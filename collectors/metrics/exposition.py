@@ -586,22 +586,18 @@ def _format(openmetrics: bool) -> ExpositionFormat:
     return ExpositionFormat.OPENMETRICS if openmetrics else ExpositionFormat.TEXT
 
 
-# A line's last token: what follows its last space. On a sample line without a timestamp that
-# is the value; one regular-expression split cuts a whole page so.
-_LAST_TOKEN_RE = re.compile(r" ([^ \n]*)$", re.MULTILINE)
-
-
 @dataclass(frozen=True, slots=True)
 class PageShape:
-    """A page's text but its values: the page cut before each line's last token (`skeleton`),
-    the last tokens of its `#` lines, and which tokens are the values the parser reads (every
-    sample's but `_created` ones) and which are `_created` values (never read)."""
+    """A page's text but its values: its lines, each sample line only up to its last space
+    (`heads`), the others whole (`fixed`), and which sample lines' last tokens are the values
+    the parser reads (every sample's but `_created` ones)."""
 
     format: ExpositionFormat
-    skeleton: list[str]
-    comment_tokens: tuple[str, ...]
-    comments: Callable[[list[str]], tuple[str, ...]]
+    lines: int
+    fixed: Callable[[list[str]], tuple[str, ...]]
+    fixed_lines: tuple[str, ...]
     samples: Callable[[list[str]], tuple[str, ...]]
+    heads: list[str]
     read: Callable[[list[str]], tuple[str, ...]]
 
 
@@ -611,23 +607,23 @@ def page_shape(text: str, *, openmetrics: bool | None = None) -> PageShape | Non
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
     if _undecoded(text):
         return None
-    parts = _LAST_TOKEN_RE.split(text)
-    skeleton = parts[0::2]
-    comments: list[int] = []
+    lines = text.split("\n")
+    fixed: list[int] = []
     samples: list[int] = []
     read: list[int] = []
-    for index, before in enumerate(skeleton[:-1]):
-        head = before.rpartition("\n")[2]  # the token's line, up to its last space
-        if head.startswith("#"):
-            comments.append(index)
+    heads: list[str] = []
+    for index, line in enumerate(lines):
+        if not line or line[0] == "#" or " " not in line:
+            fixed.append(index)
             continue
-        samples.append(index)
+        head = line.rpartition(" ")[0]
         if not head.partition("{")[0].endswith(CREATED_SUFFIX):
-            read.append(index)
-    tokens = parts[1::2]
-    comment_tokens = _picked(comments)(tokens)
+            read.append(len(samples))
+        samples.append(index)
+        heads.append(head)
+    fixed_lines = _picked(fixed)(lines)
     return PageShape(
-        fmt, skeleton, comment_tokens, _picked(comments), _picked(samples), _picked(read)
+        fmt, len(lines), _picked(fixed), fixed_lines, _picked(samples), heads, _picked(read)
     )
 
 
@@ -652,21 +648,31 @@ def shaped_values(
     lines and series keys, and the values the parser reads are those tokens read by `_values`,
     the fast path's own reading (a space before a value changes nothing there)."""
     fmt = detect_format(text) if openmetrics is None else _format(openmetrics)
-    if fmt is not shape.format or _undecoded(text):
-        return None
-    parts = _LAST_TOKEN_RE.split(text)
-    if parts[0::2] != shape.skeleton:
-        return None
-    tokens = parts[1::2]
-    if shape.comments(tokens) != shape.comment_tokens or "}" in "".join(shape.samples(tokens)):
-        return None
-    columns = _values(list(shape.read(tokens)), openmetrics=fmt is ExpositionFormat.OPENMETRICS)
+    tokens = _shaped_tokens(text, shape) if fmt is shape.format else None
+    openmetrics_page = fmt is ExpositionFormat.OPENMETRICS
+    columns = (
+        None if tokens is None else _values(list(shape.read(tokens)), openmetrics=openmetrics_page)
+    )
     if columns is None:
         return None
     values, timestamps = columns
     if timestamps.count(None) != len(timestamps) or math.inf in values or -math.inf in values:
         return None
     return values
+
+
+def _shaped_tokens(text: str, shape: PageShape) -> list[str] | None:
+    """The last tokens of `text`'s sample lines if it has `shape` and none holds a `}`."""
+    if _undecoded(text):
+        return None
+    lines = text.split("\n")
+    if len(lines) != shape.lines or shape.fixed(lines) != shape.fixed_lines:
+        return None
+    cut = [line.rpartition(" ") for line in shape.samples(lines)]
+    if [head for head, _, _ in cut] != shape.heads:
+        return None
+    tokens = [token for _, _, token in cut]
+    return None if "}" in "".join(tokens) else tokens
 
 
 def _undecoded(text: str) -> bool:
