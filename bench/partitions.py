@@ -313,7 +313,8 @@ def child(what: str, args: dict[str, str], *, clock: object, cpu: object) -> dic
     import orjson  # noqa: PLC0415
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    from servewatch.collectors.metrics.ingest import Page, ingest_pages  # noqa: PLC0415
+    from servewatch.collectors.metrics.ingest import ingest_pages  # noqa: PLC0415
+    from servewatch.collectors.metrics.page import Page  # noqa: PLC0415
     from servewatch.collectors.traces.compact import compact_traces  # noqa: PLC0415
     from servewatch.slo_service import status_at  # noqa: PLC0415
     from servewatch.store import Store  # noqa: PLC0415

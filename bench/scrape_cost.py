@@ -59,7 +59,8 @@ import httpx
 
 from bench.parse_exposition import sample_lines, vllm_page
 from bench.report import Comparison
-from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.loop import ScrapeLoop, ScrapeOutcome, default_client
 from servewatch.collectors.scrape.scraper import scrape_targets

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servewatch.collectors.metrics.drop_rules import DropRules
-from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.metrics.ingest import MetricIngestReport, ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape import event_loop
 from servewatch.collectors.scrape.loop import (
     ScheduledTarget,

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from servewatch.cli import app
 from servewatch.collectors.metrics.exposition import parse_exposition
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.emulator.fixture_writer import record_fleet
 from servewatch.emulator.fleet_config import fleet_config_from_mapping

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from servewatch.cli import app
 from servewatch.collectors.fixture.replay import replay_fixture
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.pipeline.request_minutes import EventCriterion
 from servewatch.pipeline.tables import (

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from servewatch.cli import app
 from servewatch.collectors.metrics.catalogue import labels_json
 from servewatch.collectors.metrics.dcgm_catalogue import catalogue_dcgm_frame
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import target_from_labels
 from servewatch.dashboards.report import ReportInputs, build_report
 from servewatch.emulator.fixture_writer import FixtureWriter, record_fixture

@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.emulator.fleet_config import AdmissionSpec, FleetConfig
 from servewatch.emulator.gateway_metrics import GatewayMetrics, GatewaySpec, go_float

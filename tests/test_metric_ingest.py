@@ -11,7 +11,8 @@ import pytest
 
 from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.metrics.exposition import parse_exposition
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.store import Store
 from tests.conftest import FIXTURES

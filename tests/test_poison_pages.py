@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from servewatch.cli import app
 from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import page_text
-from servewatch.collectors.metrics.ingest import MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.metrics.ingest import MetricIngestReport, ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.scraper import scrape_targets
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.store_writer import StoreWriter

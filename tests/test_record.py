@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.config import load_config
 from servewatch.emulator.fleet import FleetSimulation
 from servewatch.emulator.fleet_config import FleetConfig

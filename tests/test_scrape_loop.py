@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from servewatch.collectors.metrics.drop_rules import DropRules
-from servewatch.collectors.metrics.ingest import MetricIngestReport, Page
+from servewatch.collectors.metrics.ingest import MetricIngestReport
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.loop import ScheduledTarget, ScrapeLoop, ScrapeOutcome
 from servewatch.collectors.scrape.schedule import schedule_for
 from servewatch.collectors.scrape.targets import Target, TargetKind

@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servewatch.cli import app
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.pipeline.promql import histogram_quantile, increase
 from servewatch.pipeline.request_sli import GoodputLimits

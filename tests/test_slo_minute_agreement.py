@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.slo.absent_alert import is_absent_alert
 from servewatch.slo.alert_state import AlertChange, AlertKey, AlertState

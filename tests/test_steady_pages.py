@@ -20,7 +20,8 @@ import pytest
 
 from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import page_shape, parse_exposition, shaped_values
-from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, Page, ingest_pages
+from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.store import Store
 from tests.conftest import FIXTURES

@@ -28,11 +28,13 @@ from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import LineError, ParsedPage, SeriesCache
 from servewatch.collectors.metrics.exposition_batch import parse_expositions
 from servewatch.collectors.metrics.key_catalogue import catalogued_by_key
+from servewatch.collectors.metrics.page import Page, scrape_row
 from servewatch.collectors.metrics.page_kind import CATALOGUES, PageKind, page_kinds
 from servewatch.collectors.metrics.steady_pages import (
     ROW_COLUMNS,
     CleanPage,
     SteadyPages,
+    keyed_points,
     steady_memory,
     steady_rows,
     steady_unknown,
@@ -43,21 +45,8 @@ from servewatch.pipeline.tables import SAMPLES_SCHEMA, SCRAPES_SCHEMA, UNKNOWN_F
 from servewatch.store import Store
 from servewatch.store.keyed_points import KeyedPoints
 
-MAX_ERRORS_IN_SCRAPE_ROW = 3
 NO_DROP = DropRules()
 _PAGE = ["target_id", "scrape_ts"]
-
-
-@dataclass(frozen=True)
-class Page:
-    """One scrape of one target: the body when it was fetched, else the fetch error."""
-
-    target: Target
-    scrape_ts: datetime  # naive UTC
-    body: str | None
-    duration_s: float | None = None
-    openmetrics: bool | None = None  # None: decide from the page
-    error: str | None = None
 
 
 @dataclass
@@ -71,13 +60,6 @@ class MetricIngestReport:
     dropped_samples: int = 0
     line_errors: list[Reject] = field(default_factory=list)
     failed_scrapes: list[Reject] = field(default_factory=list)
-
-
-def _scrape_error(errors: Sequence[LineError]) -> str:
-    shown = "; ".join(str(e) for e in errors[:MAX_ERRORS_IN_SCRAPE_ROW])
-    more = len(errors) - MAX_ERRORS_IN_SCRAPE_ROW
-    suffix = f"; and {more} more" if more > 0 else ""
-    return f"{len(errors)} malformed line(s) left out: {shown}{suffix}"
 
 
 # A page whose kind cannot be told: every sample is kept uncatalogued, from no known source.
@@ -163,7 +145,8 @@ def ingest_pages(
         prepared.scrapes, prepared.samples, targets=prepared.targets, keyed=prepared.keyed
     )
     report.stored_samples = prepared.stored_samples
-    _learn_series_ids(pages, store, keep_uncatalogued=keep_uncatalogued, drop=drop)
+    memory = steady_memory((keep_uncatalogued, drop))
+    memory.learn_series_ids([p.target.target_id for p in pages], store)
     unknown = prepared.unknown
     report.unknown_samples = int(unknown["samples"].sum()) if unknown.height else 0
     if report.new_scrapes:
@@ -259,46 +242,29 @@ def _prepare(
             [(pages[m.index].target.target_id, pages[m.index].scrape_ts) for m in steady],
             unknown,
         )
-        by_rows = []
-        for match in steady:
-            by_id = match.page.keyed(issuer)
-            if by_id is None:
-                by_rows.append(match)
-            else:
-                ids, values = by_id
-                keyed.append(KeyedPoints(ids, pages[match.index].scrape_ts, values(match.values)))
+        by_rows, keyed = keyed_points(
+            steady, issuer=issuer, scrape_ts=[pages[m.index].scrape_ts for m in steady]
+        )
         if by_rows:
-            rows = steady_rows(by_rows)
             paged = _paged(pages)
             stored = pl.concat(
                 [
                     stored,
-                    rows.select(*ROW_COLUMNS, "value", **paged, ts=paged["scrape_ts"])
+                    steady_rows(by_rows)
+                    .select(*ROW_COLUMNS, "value", **paged, ts=paged["scrape_ts"])
                     .select(SAMPLES_SCHEMA.names())
                     .cast(SAMPLES_SCHEMA),
                 ]
             )
     scrapes = pl.DataFrame(
         [
-            _scrape_row(page, full.errors.get(i, ()), kinds.get(i), counts.get(i, 0))
+            scrape_row(page, full.errors.get(i, ()), kinds.get(i), counts.get(i, 0))
             for i, page in enumerate(pages)
         ],
         schema=SCRAPES_SCHEMA,
         orient="row",
     )
     return _Prepared(scrapes, stored, unknown, _targets_frame(pages, kinds), keyed)
-
-
-def _learn_series_ids(
-    pages: Sequence[Page], store: Store, *, keep_uncatalogued: bool, drop: DropRules
-) -> None:
-    """Remember the series ids `store` gave the rows of the batch's remembered pages, so the
-    next page of each is written by id."""
-    memory = steady_memory((keep_uncatalogued, drop))
-    for target_id, page in memory.unkeyed([p.target.target_id for p in pages], store.issuer):
-        ids = store.series_ids(target_id, page.rows)
-        if ids is not None:
-            page.remember_ids(ids)
 
 
 def _paged(pages: Sequence[Page]) -> dict[str, pl.Expr]:
@@ -481,30 +447,6 @@ def _page_notes(
         Reject(pages[i].target.target_id, f"scrape {pages[i].scrape_ts.isoformat()}Z", note)
         for i, note in sorted(notes)
     ]
-
-
-def _scrape_row(
-    page: Page,
-    errors: Sequence[LineError],
-    kind: PageKind | None,
-    stored: int,
-) -> tuple[object, ...]:
-    target_id = page.target.target_id
-    if page.body is None or kind is None:
-        error = page.error or "no page"
-        return (target_id, page.scrape_ts, False, page.duration_s, 0, error, None)
-    noted = [kind.error] if kind.error else []
-    if errors:
-        noted.append(_scrape_error(errors))
-    return (
-        target_id,
-        page.scrape_ts,
-        not noted,
-        page.duration_s,
-        stored,
-        "; ".join(noted) or None,
-        None if kind.kind is None else kind.kind.value,
-    )
 
 
 def _targets_frame(pages: Sequence[Page], kinds: Mapping[int, PageKind]) -> pl.DataFrame:

@@ -35,11 +35,13 @@ from servewatch.collectors.metrics.exposition import (
     shaped_values,
 )
 from servewatch.collectors.metrics.page_kind import PageKind
-from servewatch.store.keyed_points import SeriesIds
+from servewatch.store import Store
+from servewatch.store.keyed_points import KeyedPoints, SeriesIds
 
-# Remembered pages per thread and options: about one page's keys each (tens of KB), so a
-# fleet of thousands of targets stays within tens of MB.
-MAX_TARGETS = 20_000
+# Remembered pages per thread and options. A vLLM page's memory is ~80 KB of Python objects
+# (its lines but values) and ~40 KB of rows, about what the parser's series cache already keeps
+# for the target: ~120 MB for 1,000 targets. Past the bound the memory starts again.
+MAX_TARGETS = 10_000
 MAX_STORES = 4  # stores a remembered page keeps series ids for
 # The stored columns a steady page's rows repeat, and the catalogue's value columns of the rows
 # whose entry rescales, blanks or clamps their values.
@@ -127,6 +129,14 @@ class SteadyPages:
                 found.append((target_id, page))
         return found
 
+    def learn_series_ids(self, target_ids: Sequence[str], store: Store) -> None:
+        """Remember the series ids `store` gave the rows of these targets' remembered pages,
+        so that their next pages are written by id."""
+        for target_id, page in self.unkeyed(target_ids, store.issuer):
+            ids = store.series_ids(target_id, page.rows)
+            if ids is not None:
+                page.remember_ids(ids)
+
     def learn_pages(
         self,
         pages: Mapping[int, CleanPage],
@@ -210,6 +220,24 @@ def _picker(positions: list[int]) -> Picker:
         only = positions[0]
         return lambda values: (values[only],)
     return lambda _values: ()
+
+
+def keyed_points(
+    matches: Sequence[SteadyMatch], *, issuer: int, scrape_ts: Sequence[datetime]
+) -> tuple[list[SteadyMatch], list[KeyedPoints]]:
+    """The matches whose remembered page holds series ids in store `issuer`, as its
+    `KeyedPoints` (`scrape_ts` gives each match's scrape time); the others, to be stored as
+    rows (`steady_rows`)."""
+    by_rows: list[SteadyMatch] = []
+    keyed: list[KeyedPoints] = []
+    for match, ts in zip(matches, scrape_ts, strict=True):
+        by_id = match.page.keyed(issuer)
+        if by_id is None:
+            by_rows.append(match)
+        else:
+            ids, values = by_id
+            keyed.append(KeyedPoints(ids, ts, values(match.values)))
+    return by_rows, keyed
 
 
 def steady_rows(matches: Sequence[SteadyMatch]) -> pl.DataFrame:

@@ -35,7 +35,8 @@ from servewatch.collectors.fixture.folder import FixtureError
 from servewatch.collectors.fixture.replay import fixture_page_count, replay_fixture
 from servewatch.collectors.metrics.drop_rules import DropRuleError, DropRules
 from servewatch.collectors.metrics.exposition import page_text
-from servewatch.collectors.metrics.ingest import Page, ingest_pages
+from servewatch.collectors.metrics.ingest import ingest_pages
+from servewatch.collectors.metrics.page import Page
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.collectors.traces.ingest import IngestReport, ingest_trace_files, text_size
 from servewatch.collectors.traces.request_spans import SpanMapping
