@@ -179,9 +179,11 @@ class Store(
         self.close()
 
     def close(self) -> None:
-        if not self.read_only:
-            self._settle()
-        self._con.close()
+        try:
+            if not self.read_only:
+                self._settle()  # seen times held back (`TargetWrites`)
+        finally:
+            self._con.close()
 
     @property
     def schema_version(self) -> int:

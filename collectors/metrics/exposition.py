@@ -31,10 +31,11 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import TypeVar
 
 import orjson
 import polars as pl
@@ -42,6 +43,7 @@ import polars as pl
 NAME_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_NAME_PATTERN = r"[a-zA-Z_][a-zA-Z0-9_]*"
 CREATED_SUFFIX = "_created"
+_T = TypeVar("_T")
 
 SAMPLES_SCHEMA = pl.Schema(
     {
@@ -621,14 +623,15 @@ def page_shape(text: str, *, openmetrics: bool | None = None) -> PageShape | Non
             read.append(len(samples))
         samples.append(index)
         heads.append(head)
-    fixed_lines = _picked(fixed)(lines)
+    fixed_lines = picker(fixed)(lines)
     return PageShape(
-        fmt, len(lines), _picked(fixed), fixed_lines, _picked(samples), heads, _picked(read)
+        fmt, len(lines), picker(fixed), fixed_lines, picker(samples), heads, picker(read)
     )
 
 
-def _picked(indices: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
-    """The items at `indices`, picked in one C call (`operator.itemgetter`)."""
+def picker(indices: Sequence[int]) -> Callable[[Sequence[_T]], tuple[_T, ...]]:
+    """A function picking the items at `indices` of a list, in one C call
+    (`operator.itemgetter`), always as a tuple: how a page's shape picks its lines."""
     if len(indices) > 1:
         return operator.itemgetter(*indices)
     if indices:

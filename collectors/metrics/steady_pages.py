@@ -19,7 +19,6 @@ the full way, and the golden replays and differential tests hold both ways to on
 from __future__ import annotations
 
 import array
-import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from servewatch.collectors.metrics.exposition import (
     PageShape,
     ParsedPage,
     page_shape,
+    picker,
     shaped_values,
 )
 from servewatch.collectors.metrics.page_kind import PageKind
@@ -56,7 +56,7 @@ _VALUE_COLUMNS = (
 _RESCALES = "_rescales"
 
 
-Picker = Callable[[list[float]], Sequence[float]]
+Picker = Callable[[Sequence[float]], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class SteadyPage:
             self.series.clear()
         order = sorted(range(len(ids.ids)), key=ids.ids.__getitem__)
         ascending = SeriesIds(ids.issuer, ids.target_id, tuple(ids.ids[i] for i in order))
-        self.series[ids.issuer] = (ascending, _picker([self.positions[i] for i in order]))
+        self.series[ids.issuer] = (ascending, picker([self.positions[i] for i in order]))
 
 
 @dataclass(frozen=True)
@@ -206,20 +206,10 @@ def learnt_page(
             .with_columns(pl.col("exposed").is_in(list(changing)).alias(_RESCALES))
             .drop("exposed")
         )
-    picker = _picker(positions)
+    values = picker(positions)
     return SteadyPage(
-        clean.kind, shape, clean.told, kept, picker, rescales, unknown, dropped, tuple(positions)
+        clean.kind, shape, clean.told, kept, values, rescales, unknown, dropped, tuple(positions)
     )
-
-
-def _picker(positions: list[int]) -> Picker:
-    """The values at `positions`, picked in one C call (`operator.itemgetter`)."""
-    if len(positions) > 1:
-        return operator.itemgetter(*positions)
-    if positions:
-        only = positions[0]
-        return lambda values: (values[only],)
-    return lambda _values: ()
 
 
 def keyed_points(
