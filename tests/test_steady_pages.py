@@ -22,6 +22,7 @@ from servewatch.collectors.metrics.drop_rules import DropRules
 from servewatch.collectors.metrics.exposition import page_shape, parse_exposition, shaped_values
 from servewatch.collectors.metrics.ingest import NO_DROP, MetricIngestReport, ingest_pages
 from servewatch.collectors.metrics.page import Page
+from servewatch.collectors.metrics.steady_pages import LEARN_EVERY
 from servewatch.collectors.scrape.targets import Target, TargetKind
 from servewatch.store import Store
 from tests.conftest import FIXTURES
@@ -229,3 +230,12 @@ def test_shaped_values_are_the_values_the_parser_reads(seed: int) -> None:
     else:
         assert not parsed.errors
         assert [repr(v) for v in values] == [repr(v) for v in parsed.value]
+
+
+def test_a_page_that_moves_every_scrape_is_stored_right_and_then_remembered_again() -> None:
+    rng = random.Random(17)
+    moving = [moved(PLAIN.replace('model_name="m"', f'model_name="m{k}"'), rng) for k in range(20)]
+    steady = [moved(PLAIN, rng) for _ in range(40)]
+    batches = _rounds(_targets(TargetKind.VLLM, "moving", count=1), [*moving, *steady])
+    # Learnt less often while it keeps moving, then again within LEARN_EVERY pages.
+    assert _same_as_without_memory(batches) >= 40 - LEARN_EVERY - 1

@@ -43,6 +43,8 @@ from servewatch.store.keyed_points import KeyedPoints, SeriesIds
 # for the target: ~120 MB for 1,000 targets. Past the bound the memory starts again.
 MAX_TARGETS = 10_000
 MAX_STORES = 4  # stores a remembered page keeps series ids for
+MISSES_BEFORE_BACKING_OFF = 3
+LEARN_EVERY = 16
 # The stored columns a steady page's rows repeat, and the catalogue's value columns of the rows
 # whose entry rescales, blanks or clamps their values.
 ROW_COLUMNS = ("metric", "labels", "signal", "source")
@@ -104,6 +106,10 @@ class SteadyPages:
     def __init__(self, *, max_targets: int = MAX_TARGETS) -> None:
         self._pages: dict[str, SteadyPage] = {}
         self._max_targets = max_targets
+        # Pages in a row that did not match their target's memory. A target whose page moves
+        # every scrape (a label that changes each time) would otherwise be learnt again on
+        # every one; past MISSES_BEFORE_BACKING_OFF it is learnt only now and then.
+        self._misses: dict[str, int] = {}
 
     def recognise(
         self, pages: Sequence[tuple[str, str, str | None, bool | None]]
@@ -115,9 +121,18 @@ class SteadyPages:
             if body is None or remembered is None or remembered.kind != kind:
                 continue
             values = shaped_values(body, remembered.shape, openmetrics=openmetrics)
-            if values is not None:
+            if values is None:
+                self._misses[target_id] = self._misses.get(target_id, 0) + 1
+            else:
+                self._misses.pop(target_id, None)
                 found.append(SteadyMatch(index, remembered, values))
         return found
+
+    def _learns(self, target_id: str) -> bool:
+        """Whether to learn this target's clean page: always, unless its pages have missed
+        their memory MISSES_BEFORE_BACKING_OFF times in a row; then one miss in LEARN_EVERY."""
+        misses = self._misses.get(target_id, 0)
+        return misses < MISSES_BEFORE_BACKING_OFF or misses % LEARN_EVERY == 0
 
     def unkeyed(self, target_ids: Sequence[str], issuer: int) -> list[tuple[str, SteadyPage]]:
         """The remembered pages of `target_ids` without series ids in store `issuer` (whose
@@ -154,6 +169,8 @@ class SteadyPages:
             tallies.setdefault(index, []).append((family, count))
         for (index,), own in rows.partition_by("page", as_dict=True).items():
             clean = pages[int(index)]
+            if not self._learns(clean.target_id):
+                continue
             learnt = learnt_page(
                 clean,
                 rows=own.with_columns(pl.col("position") - clean.start),
@@ -164,6 +181,7 @@ class SteadyPages:
                 continue
             if clean.target_id not in self._pages and len(self._pages) >= self._max_targets:
                 self._pages.clear()
+                self._misses.clear()
             self._pages[clean.target_id] = learnt
 
 
