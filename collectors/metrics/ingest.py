@@ -137,7 +137,7 @@ def ingest_pages(
             pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop, issuer=store.issuer
         )
     except Exception:  # noqa: BLE001 (isolated below, page by page)
-        report = MetricIngestReport(pages=len(pages))
+        report = MetricIngestReport(pages=report.pages)
         prepared, unread = _prepare_each(
             pages, report, keep_uncatalogued=keep_uncatalogued, drop=drop
         )
