@@ -277,10 +277,7 @@ def _paged(pages: Sequence[Page]) -> dict[str, pl.Expr]:
     }
 
 
-_NO_UNKNOWN = pl.DataFrame(
-    schema={"target_id": pl.String, "family": pl.String, "samples": pl.Int64}
-    | dict.fromkeys(("first_seen_ts", "last_seen_ts"), pl.Datetime("us"))
-)
+_NO_UNKNOWN = pl.DataFrame(schema=UNKNOWN_FAMILIES_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -366,6 +363,7 @@ def _read_pages(
     paged = _paged(pages)
     kept = all_samples.filter(pl.col("disposition").is_in(wanted))
     unknown_samples = all_samples.filter(pl.col("disposition") == Disposition.UNKNOWN.value)
+    # The clean pages the memory takes: their rows are collected below only for it.
     clean = [
         i
         for i in fetched
@@ -373,6 +371,7 @@ def _read_pages(
         and kinds[i].error is None
         and i not in blocks.block_size
         and parsed[i].timestamp_ms.count(None) == len(parsed[i])
+        and memory.learns(pages[i].target.target_id)
     ]
     stored, per_page, unknown, learnt, learnt_unknown, learnt_undropped = pl.collect_all(
         [

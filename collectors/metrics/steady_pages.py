@@ -128,7 +128,7 @@ class SteadyPages:
                 found.append(SteadyMatch(index, remembered, values))
         return found
 
-    def _learns(self, target_id: str) -> bool:
+    def learns(self, target_id: str) -> bool:
         """Whether to learn this target's clean page: always, unless its pages have missed
         their memory MISSES_BEFORE_BACKING_OFF times in a row; then one miss in LEARN_EVERY."""
         misses = self._misses.get(target_id, 0)
@@ -160,17 +160,15 @@ class SteadyPages:
         unknown: pl.DataFrame,
         undropped: Mapping[int, int],
     ) -> None:
-        """Remember what each of `pages` (by page number) became: `rows` are the rows the
-        full path stored for them (`page`, `position` in the batch frame and ROW_COLUMNS),
-        `unknown` their uncatalogued samples by `page` and `family`, `undropped` their
-        samples left after the drop rules, by page."""
+        """Remember what each of `pages` (by page number, each one the memory `learns`)
+        became: `rows` are the rows the full path stored for them (`page`, `position` in
+        the batch frame and ROW_COLUMNS), `unknown` their uncatalogued samples by `page` and
+        `family`, `undropped` their samples left after the drop rules, by page."""
         tallies: dict[int, list[tuple[str, int]]] = {}
         for index, family, count in unknown.sort("page", "family").iter_rows():
             tallies.setdefault(index, []).append((family, count))
         for (index,), own in rows.partition_by("page", as_dict=True).items():
             clean = pages[int(index)]
-            if not self._learns(clean.target_id):
-                continue
             learnt = learnt_page(
                 clean,
                 rows=own.with_columns(pl.col("position") - clean.start),
