@@ -35,6 +35,7 @@ from servewatch.collectors.metrics.exposition import (
     shaped_values,
 )
 from servewatch.collectors.metrics.page_kind import PageKind
+from servewatch.pipeline.tables import UNKNOWN_FAMILIES_SCHEMA
 from servewatch.store import Store
 from servewatch.store.keyed_points import KeyedPoints, SeriesIds
 
@@ -277,22 +278,13 @@ def steady_unknown(
     """`unknown` (the full path's uncatalogued tally by target and family) with the matched
     pages' added; `scrapes` gives each match's target and scrape time."""
     tallied = [
-        (target_id, family, count, ts)
+        (target_id, family, count, ts, ts)
         for m, (target_id, ts) in zip(matches, scrapes, strict=True)
         for family, count in m.page.unknown
     ]
     if not tallied:
         return unknown
-    target_id, family, count, seen = zip(*tallied, strict=True)
-    added = pl.DataFrame(
-        {
-            "target_id": pl.Series(target_id, dtype=pl.String),
-            "family": pl.Series(family, dtype=pl.String),
-            "samples": pl.Series(count, dtype=pl.Int64),
-            "first_seen_ts": pl.Series(seen, dtype=pl.Datetime("us")),
-            "last_seen_ts": pl.Series(seen, dtype=pl.Datetime("us")),
-        }
-    )
+    added = pl.DataFrame(tallied, schema=UNKNOWN_FAMILIES_SCHEMA, orient="row")
     return (
         pl.concat([unknown, added.select(unknown.columns)], how="vertical_relaxed")
         .group_by("target_id", "family")
